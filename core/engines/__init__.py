@@ -1,0 +1,1 @@
+"""Inference engines behind one small contract (see `base`), chosen by name."""

@@ -1,0 +1,107 @@
+"""The engine plug-in contract.
+
+An engine turns a model file into a loaded model (state `loading`) and a loaded model
+turns a request into text chunks (state `running`). The worker in `scheduler/` owns
+threads, fencing and events; an engine owns only inference, so a new engine is one
+module that implements these two small protocols and registers a factory.
+
+Resume is part of the contract: every chunk carries the snapshot *after* it, and
+`generate(request, snapshot)` continues exactly from that point, never repeating or
+dropping text. A snapshot is a JSON-serialisable dict opaque to everyone but its engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+Snapshot = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one response, cumulative over all its attempts."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What an engine needs from a stored `POST /v1/responses` body.
+
+    `messages` already holds `instructions` as a leading system message.
+    """
+
+    messages: list[dict[str, str]]
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of generated text and the state needed to continue right after it."""
+
+    text: str
+    snapshot: Snapshot
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A verified model file: the worker checks the digest before handing it over."""
+
+    model_id: str
+    path: Path
+    sha256: str
+
+
+class EngineError(Exception):
+    """A failure of inference with a stable code; `retryable` decides backoff vs fail."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+
+class LoadedModel(Protocol):
+    def generate(
+        self,
+        request: GenerationRequest,
+        snapshot: Snapshot | None,
+        should_stop: Callable[[], bool],
+    ) -> Iterator[Chunk]:
+        """Yield chunks until end of generation, the token limit or `should_stop()`.
+
+        Blocking; the worker runs it in a thread. `should_stop` is polled between tokens.
+        """
+        ...
+
+
+class Engine(Protocol):
+    name: str
+
+    def load(self, model: ModelFile) -> LoadedModel:
+        """Load (or take from the per-process cache) a model. Blocking."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Process-wide engine knobs, taken from Settings by whoever builds engines."""
+
+    threads: int = 2
+    cache_size: int = 2
+
+
+EngineFactory = Callable[[EngineOptions], Engine]

@@ -1,0 +1,43 @@
+"""Idempotency keys (SPEC 3.4): key syntax and the request digest.
+
+The record itself is written by `core.store.tasks.enqueue`, in the transaction that
+creates the task, so a crash can never leave one without the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import InvalidInput
+
+_KEY = re.compile(r"^[\x20-\x7e]{1,255}$")
+
+
+@dataclass(frozen=True)
+class IdempotencyClaim:
+    """A key presented with a request, and the digest of that request."""
+
+    key: str
+    digest: str
+
+
+def parse_key(header: str) -> str:
+    """The key from an `Idempotency-Key` header: bare, or a quoted sf-string."""
+    value = header.strip()
+    if len(value) >= 2 and value.startswith('"') and value.endswith('"'):
+        value = re.sub(r"\\([\\\"])", r"\1", value[1:-1])
+    if not _KEY.match(value):
+        raise InvalidInput(
+            "invalid_idempotency_key", "Idempotency-Key must be 1..255 printable ASCII characters"
+        )
+    return value
+
+
+def request_digest(method: str, path: str, body: Any) -> str:
+    """SHA-256 over method, path and the canonical JSON of the body."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(f"{method.upper()}\n{path}\n{canonical}".encode()).hexdigest()

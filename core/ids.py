@@ -1,0 +1,54 @@
+"""Ids, tokens and secrets, all from OS randomness.
+
+Task ids sort by creation time (millisecond prefix) so cursor pages and "oldest first"
+need no extra column; tokens are 32 random bytes, stored only as SHA-256 hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+
+
+def _base32(value: int, width: int) -> str:
+    chars = []
+    for _ in range(width):
+        value, rest = divmod(value, 32)
+        chars.append(_ALPHABET[rest])
+    return "".join(reversed(chars))
+
+
+def sortable_id(prefix: str, now_ms: int | None = None) -> str:
+    """`prefix_` + 10 chars of milliseconds + 16 random chars (80 bits)."""
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return f"{prefix}_{_base32(ms, 10)}{_base32(secrets.randbits(80), 16)}"
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}_{_base32(secrets.randbits(100), 20)}"
+
+
+def new_token() -> str:
+    """A bearer token: 32 bytes of OS randomness, URL-safe."""
+    return "tw_" + secrets.token_urlsafe(32)
+
+
+def new_owner_token() -> str:
+    return secrets.token_hex(16)
+
+
+def new_secret(nbytes: int = 12) -> str:
+    return secrets.token_urlsafe(nbytes)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def same_secret(secret: str, stored_hash: str) -> bool:
+    """Constant-time comparison of a presented secret with its stored hash."""
+    return hmac.compare_digest(hash_secret(secret), stored_hash)

@@ -1,0 +1,157 @@
+"""The public shapes of SPEC section 3: task, response, event and model objects.
+
+Built here, not in handlers, because events embed the response object, idempotency
+records store it, and the sweeper's events must agree with what the API shows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Row
+
+from core.clock import iso
+from core.states import PUBLIC_STATUS, TERMINAL, Status
+
+LIFECYCLE_STATUS: dict[str, Status] = {
+    "response.created": Status.QUEUED,
+    "response.queued": Status.QUEUED,
+    "response.loading": Status.LOADING,
+    "response.in_progress": Status.RUNNING,
+    "response.cancelling": Status.CANCELLING,
+    "response.completed": Status.COMPLETED,
+    "response.failed": Status.FAILED,
+    "response.cancelled": Status.CANCELLED,
+}
+TERMINAL_EVENTS = frozenset(
+    {"response.completed", "response.failed", "response.cancelled"}
+)
+
+
+def item_id(task_id: str) -> str:
+    """The id of a task's one output message, derived so events and objects agree."""
+    return "msg_" + task_id.split("_", 1)[-1]
+
+
+def error_of(row: Row[Any]) -> dict[str, str] | None:
+    if row.error_code is None:
+        return None
+    return {"code": row.error_code, "message": row.error_message or ""}
+
+
+def task_object(task: Row[Any]) -> dict[str, Any]:
+    base = f"/v1/tasks/{task.id}"
+    return {
+        "id": task.id,
+        "object": "task",
+        "status": task.status,
+        "model": task.model,
+        "client_id": task.client_id,
+        "created_at": iso(task.created_at),
+        "updated_at": iso(task.updated_at),
+        "run_at": iso(task.run_at),
+        "started_at": iso(task.started_at),
+        "finished_at": iso(task.finished_at),
+        "attempts": task.attempts,
+        "max_attempts": task.max_attempts,
+        "on_restart": task.on_restart,
+        "dedupe_key": task.dedupe_key,
+        "error": error_of(task),
+        "dead_lettered": bool(task.dead_lettered),
+        "last_seq": task.last_seq,
+        "metadata": json.loads(task.metadata_json),
+        "links": {
+            "self": base,
+            "events": f"{base}/events",
+            "cancel": f"{base}/cancel",
+            "response": f"/v1/responses/{task.id}",
+        },
+    }
+
+
+def message_item(task_id: str, text: str, *, done: bool) -> dict[str, Any]:
+    return {
+        "id": item_id(task_id),
+        "type": "message",
+        "role": "assistant",
+        "status": "completed" if done else "in_progress",
+        "content": [output_text_part(text)] if text or done else [],
+    }
+
+
+def output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def response_object(
+    task: Row[Any],
+    response: Row[Any] | None,
+    *,
+    status: Status | None = None,
+    error: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The OpenAI-shaped response object of a task, as it is now or as of `status`.
+
+    Output is shown once a task is terminal (or for the current state when the text so
+    far is wanted): non-terminal lifecycle events carry an empty output, as OpenAI's do.
+    """
+    current = Status(task.status) if status is None else status
+    request = json.loads(task.request_json)
+    text = response.output_text if response is not None else ""
+    show_output = bool(text) and (status is None or current in TERMINAL)
+    in_tokens = response.input_tokens if response is not None else 0
+    out_tokens = response.output_tokens if response is not None else 0
+    return {
+        "id": task.id,
+        "object": "response",
+        "created_at": task.created_at // 1000,
+        "status": PUBLIC_STATUS[current],
+        "background": request.get("background", True),
+        "model": task.model,
+        "instructions": request.get("instructions"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "temperature": request.get("temperature"),
+        "top_p": request.get("top_p"),
+        "output": [message_item(task.id, text, done=current in TERMINAL)] if show_output else [],
+        "parallel_tool_calls": False,
+        "tool_choice": "none",
+        "tools": [],
+        "text": {"format": {"type": "text"}},
+        "usage": {
+            "input_tokens": in_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": out_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": in_tokens + out_tokens,
+        }
+        if current in TERMINAL or out_tokens
+        else None,
+        "error": error if error is not None else (error_of(task) if current in TERMINAL else None),
+        "incomplete_details": None,
+        "metadata": json.loads(task.metadata_json),
+    }
+
+
+def event_object(task: Row[Any], response: Row[Any] | None, event: Row[Any]) -> dict[str, Any]:
+    """`{seq, type, created_at, data}`; `data` is the event JSON clients stream."""
+    data: dict[str, Any] = {"type": event.type, "sequence_number": event.seq}
+    own = json.loads(event.data)
+    status = LIFECYCLE_STATUS.get(event.type)
+    if status is not None:
+        data["response"] = response_object(task, response, status=status, error=own.get("error"))
+    data.update(own)
+    return {"seq": event.seq, "type": event.type, "created_at": iso(event.created_at), "data": data}
+
+
+def model_object(model: Row[Any]) -> dict[str, Any]:
+    return {
+        "id": model.id,
+        "object": "model",
+        "engine": model.engine,
+        "path": model.path,
+        "size_bytes": model.size_bytes,
+        "sha256": model.sha256,
+        "created_at": iso(model.created_at),
+        "metadata": json.loads(model.metadata_json),
+    }

@@ -1,0 +1,101 @@
+"""The body of `POST /v1/responses`, validated once and reused by schedules.
+
+Strict: unknown fields are refused, every bound is explicit, and nothing here echoes
+the prompt back in an error message.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from core.engines.base import GenerationRequest
+from core.states import OnRestart
+
+PrintableAscii = Annotated[
+    str, StringConstraints(min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$")
+]
+MAX_TEXT = 200_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputText(_Strict):
+    type: Literal["input_text", "output_text", "text"] = "input_text"
+    text: str = Field(max_length=MAX_TEXT)
+
+
+class Message(_Strict):
+    type: Literal["message"] | None = None
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[InputText] = Field(max_length=MAX_TEXT)
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ResponseRequest(_Strict):
+    model: str = Field(min_length=1, max_length=200)
+    input: str | list[Message] = Field(max_length=MAX_TEXT)
+    instructions: str | None = Field(default=None, max_length=MAX_TEXT)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=32_768)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    on_restart: OnRestart = OnRestart.RETRY
+    max_attempts: int | None = Field(default=None, ge=1)
+    run_at: datetime | None = None
+    metadata: dict[Annotated[str, StringConstraints(max_length=64)],
+                   Annotated[str, StringConstraints(max_length=512)]] = Field(
+        default_factory=dict, max_length=16
+    )
+    dedupe_key: PrintableAscii | None = None
+    background: bool = True
+    stream: bool = False
+
+    @field_validator("run_at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("run_at needs a UTC offset (RFC 3339)")
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: str | list[Message]) -> str | list[Message]:
+        if isinstance(value, list) and not value:
+            raise ValueError("input needs at least one message")
+        return value
+
+    def stored_json(self) -> str:
+        """What the task keeps: the body minus the fields that only shape the answer."""
+        body = self.model_dump(mode="json", exclude={"run_at"}, exclude_none=True)
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+def generation_request(stored: dict[str, Any]) -> GenerationRequest:
+    """The engine's view of a stored body; raises on anything it cannot decode."""
+    request = ResponseRequest.model_validate(stored)
+    messages: list[dict[str, str]] = []
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+    if isinstance(request.input, str):
+        messages.append({"role": "user", "content": request.input})
+    else:
+        for message in request.input:
+            role = "system" if message.role == "developer" else message.role
+            messages.append({"role": role, "content": message.text()})
+    return GenerationRequest(
+        messages=messages,
+        max_output_tokens=request.max_output_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+    )

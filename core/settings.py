@@ -1,0 +1,126 @@
+"""One typed settings object, read once at start-up and passed down.
+
+Sources, strongest first: `TASKWARD_*` environment variables, then an optional
+`taskward.toml` in the working directory (keys without the prefix, lower case).
+Parsing is strict: an unknown key, a bad value or an inconsistent pair stops start-up
+with a message that names the key.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from croniter import croniter
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "TASKWARD_"
+TOML_FILE = "taskward.toml"
+
+
+class SettingsError(Exception):
+    """Start-up configuration is unusable; the message names the key."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        frozen=True,
+        toml_file=TOML_FILE,
+    )
+
+    database_url: str = "sqlite:///./var/taskward.db"
+    models_dir: Path = Path("./models")
+    node_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    lease_seconds: float = Field(30, gt=0)
+    heartbeat_seconds: float = Field(10, gt=0)
+    worker_concurrency: int = Field(2, ge=1, le=256)
+    sweep_schedule: str = "* * * * *"
+    task_timeout_seconds: float = Field(600, gt=0)
+    max_attempts_default: int = Field(3, ge=1)
+    max_attempts_cap: int = Field(10, ge=1, le=1000)
+    retention_hours: float = Field(168, gt=0)
+    idempotency_ttl_hours: float = Field(24, gt=0)
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    # Beyond SPEC section 1: knobs a production operator expects to have.
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
+    engine_threads: int = Field(2, ge=1, le=64)
+    model_cache_size: int = Field(2, ge=1, le=32)
+    sync_timeout_seconds: float = Field(60, gt=0, le=600)
+    pairing_code_ttl_seconds: float = Field(600, gt=0)
+    retention_batch_size: int = Field(2000, ge=1, le=100_000)
+    flush_interval_ms: int = Field(100, ge=1, le=10_000)
+    flush_bytes: int = Field(512, ge=1)
+    drain_seconds: float = Field(20, ge=0)
+    backoff_base_seconds: float = Field(2, gt=0)
+    backoff_max_seconds: float = Field(300, gt=0)
+    poll_interval_ms: int = Field(50, ge=5, le=10_000)
+
+    @field_validator("sweep_schedule")
+    @classmethod
+    def _cron_parses(cls, value: str) -> str:
+        if not croniter.is_valid(value) or len(value.split()) != 5:
+            raise ValueError("must be a 5-field cron expression")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_store(cls, value: str) -> str:
+        if not (value.startswith("sqlite:///") or value.startswith("postgresql")):
+            raise ValueError("must be sqlite:///PATH or postgresql+psycopg://…")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError(
+                "TASKWARD_HEARTBEAT_SECONDS must be shorter than TASKWARD_LEASE_SECONDS"
+            )
+        if self.max_attempts_default > self.max_attempts_cap:
+            raise ValueError(
+                "TASKWARD_MAX_ATTEMPTS_DEFAULT must not exceed TASKWARD_MAX_ATTEMPTS_CAP"
+            )
+        if self.backoff_base_seconds > self.backoff_max_seconds:
+            raise ValueError(
+                "TASKWARD_BACKOFF_BASE_SECONDS must not exceed TASKWARD_BACKOFF_MAX_SECONDS"
+            )
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment and `taskward.toml`, or `SettingsError` naming the key."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    unknown = sorted(k for k in os.environ if k.startswith(ENV_PREFIX) and k not in known)
+    if unknown:
+        raise SettingsError(f"unknown setting {unknown[0]} (known: {', '.join(sorted(known))})")
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ENV_PREFIX + str(first["loc"][0]).upper() if first["loc"] else "settings"
+        raise SettingsError(f"{key}: {first['msg']}") from None

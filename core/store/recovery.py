@@ -1,0 +1,107 @@
+"""What happens to a task whose worker is gone: cold-start recovery and lease expiry.
+
+Both apply one policy table (SPEC section 6), set-based: one conditional UPDATE per
+target state, its events inserted in bulk in the same transaction, so 100,000 leftover
+tasks recover in seconds and a second run finds nothing left to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import and_, or_
+
+from core.states import OnRestart, Status
+from core.store.database import Database
+from core.store.transitions import Event, move, per_row
+from core.tables import tasks
+
+# (state at start, policy) -> new state. `running` under `resume` stays `running` with
+# its lease cleared, so the next claim continues it from its snapshot.
+RESTART_POLICY: dict[tuple[Status, OnRestart], Status] = {
+    (Status.QUEUED, OnRestart.FAIL): Status.FAILED,
+    (Status.QUEUED, OnRestart.RETRY): Status.QUEUED,
+    (Status.QUEUED, OnRestart.RESUME): Status.QUEUED,
+    (Status.LOADING, OnRestart.FAIL): Status.FAILED,
+    (Status.LOADING, OnRestart.RETRY): Status.QUEUED,
+    (Status.LOADING, OnRestart.RESUME): Status.QUEUED,
+    (Status.RUNNING, OnRestart.FAIL): Status.FAILED,
+    (Status.RUNNING, OnRestart.RETRY): Status.QUEUED,
+    (Status.RUNNING, OnRestart.RESUME): Status.RUNNING,
+    (Status.CANCELLING, OnRestart.FAIL): Status.CANCELLED,
+    (Status.CANCELLING, OnRestart.RETRY): Status.CANCELLED,
+    (Status.CANCELLING, OnRestart.RESUME): Status.CANCELLED,
+}
+
+SERVER_RESTARTED = "server_restarted"
+WORKER_LOST = "worker_lost"
+
+
+def recover(db: Database, *, node_id: str | None) -> dict[str, int]:
+    """Cold start: apply the restart policy to every leftover task in scope.
+
+    `node_id=None` means every task (SQLite, or `--all` on PostgreSQL); otherwise only
+    tasks last held by that node. Returns how many tasks went to each state.
+    """
+    scope = [] if node_id is None else [tasks.c.node_id == node_id]
+    with db.write() as conn:
+        return _apply(conn, db.clock.now_ms(), scope, [Status.QUEUED, Status.LOADING,
+                                                       Status.RUNNING, Status.CANCELLING],
+                      reason=SERVER_RESTARTED, fail_code=SERVER_RESTARTED,
+                      fail_message="the service restarted while the task was unfinished")
+
+
+def expire_leases(db: Database) -> dict[str, int]:
+    """Tasks whose lease ran out: the same policy, with `worker_lost` / `lease_expired`."""
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        scope = [tasks.c.lease_expires_at <= now]
+        return _apply(conn, now, scope, [Status.LOADING, Status.RUNNING, Status.CANCELLING],
+                      reason="lease_expired", fail_code=WORKER_LOST,
+                      fail_message="the worker stopped renewing its lease")
+
+
+def _apply(
+    conn: Any,
+    now: int,
+    scope: Sequence[Any],
+    states: Sequence[Status],
+    *,
+    reason: str,
+    fail_code: str,
+    fail_message: str,
+) -> dict[str, int]:
+    counts = {"failed": 0, "queued": 0, "running": 0, "cancelled": 0}
+    released = {"owner_token": None, "lease_expires_at": None}
+    error = {"code": fail_code, "message": fail_message}
+
+    @per_row(1)
+    def requeued(row: Any) -> list[Event]:
+        return [Event("response.queued", {"reason": reason, "attempt": row.attempts,
+                                          "run_at": now})]
+
+    plans: list[tuple[Status, Any, dict[str, Any]]] = [
+        (Status.FAILED,
+         [Event("response.failed", {"error": error, "dead_lettered": False})],
+         {**released, "finished_at": now, "error_code": fail_code,
+          "error_message": fail_message}),
+        (Status.QUEUED, requeued, {**released, "run_at": now}),
+        (Status.CANCELLED, [Event("response.cancelled")], {**released, "finished_at": now}),
+        (Status.RUNNING, [], released),
+    ]
+    for target, events, values in plans:
+        # A task already in its target state is left alone, except a resumable
+        # `running` one, whose lease is cleared so the next claim takes it over.
+        cells = [(state, policy) for (state, policy), to in RESTART_POLICY.items()
+                 if to is target and state in states
+                 and (state is not target or target is Status.RUNNING)]
+        if not cells:
+            continue
+        match = or_(*(and_(tasks.c.status == state.value, tasks.c.on_restart == policy.value)
+                      for state, policy in cells))
+        extra = [tasks.c.owner_token.is_not(None)] if target is Status.RUNNING else []
+        rows = move(conn, now=now, expected={state for state, _ in cells},
+                    where=[*scope, match, *extra], to=target, events=events, values=values)
+        counts[target.value] += len(rows)
+    return counts

@@ -1,0 +1,17 @@
+"""The `taskward` console command: process commands and operator commands."""
+
+from __future__ import annotations
+
+import click
+
+from infra.cli import operator, process
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """taskward — a durable asynchronous task service for model inference."""
+
+
+for _module in (process, operator):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)

@@ -1,0 +1,76 @@
+"""What every command needs: settings, an open database, and output as table or JSON.
+
+Errors an operator can fix end the command with exit status 2 and a message that says
+what to do next, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from core.errors import DomainError
+from core.settings import Settings, SettingsError, load_settings
+from core.store.database import Database
+from infra.db import open_database
+from infra.migrate import check_schema
+
+
+def settings_or_exit() -> Settings:
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        raise click.ClickException(f"configuration error: {exc}") from None
+
+
+@contextmanager
+def database(settings: Settings, *, check: bool = True) -> Iterator[Database]:
+    """An open database, schema-checked unless `check` is False (migrate itself)."""
+    db = open_database(settings)
+    try:
+        if check:
+            try:
+                check_schema(db.engine)
+            except DomainError as exc:
+                raise click.ClickException(exc.message) from None
+        yield db
+    finally:
+        db.dispose()
+
+
+@contextmanager
+def domain_errors() -> Iterator[None]:
+    """Turn a domain error into a one-line message and exit status 1."""
+    try:
+        yield
+    except DomainError as exc:
+        raise click.ClickException(f"{exc.code}: {exc.message}") from None
+
+
+def emit(value: Any, *, as_json: bool, columns: Sequence[str] | None = None) -> None:
+    """Print `value` as one JSON document, or as a readable table of `columns`."""
+    if as_json:
+        click.echo(json.dumps(value, ensure_ascii=False))
+        return
+    rows = value if isinstance(value, list) else [value]
+    if not rows:
+        click.echo("(none)")
+        return
+    keys = list(columns or rows[0].keys())
+    cells = [[_cell(row.get(k)) for k in keys] for row in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    click.echo("  ".join(k.upper().ljust(w) for k, w in zip(keys, widths)))
+    for line in cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths)))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)

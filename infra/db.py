@@ -1,0 +1,45 @@
+"""Database engines for both stores, configured for taskward's access pattern."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+from core.clock import Clock
+from core.settings import Settings
+from core.store.database import Database
+
+
+def create_db_engine(settings: Settings) -> Engine:
+    """An engine for `settings.database_url`; SQLite gets WAL, busy timeout, synchronous."""
+    url = make_url(settings.database_url)
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": settings.sqlite_busy_timeout_ms / 1000},
+            pool_size=8,
+            max_overflow=16,
+        )
+        _configure_sqlite(engine, settings)
+        return engine
+    return create_engine(url, pool_size=8, max_overflow=16, pool_pre_ping=True)
+
+
+def open_database(settings: Settings, clock: Clock | None = None) -> Database:
+    return Database(create_db_engine(settings), clock)
+
+
+def _configure_sqlite(engine: Engine, settings: Settings) -> None:
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
+        cursor.execute(f"PRAGMA busy_timeout={settings.sqlite_busy_timeout_ms}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()

@@ -1,0 +1,60 @@
+"""Fixtures: every store test runs on a real SQLite file and on real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.clock import Clock
+from core.settings import Settings
+from core.store.database import Database
+from infra.db import create_db_engine
+from infra.migrate import upgrade
+from tests.databases import copy_sqlite, private_pg_database, truncate_all
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "template.db"
+    engine = create_db_engine(Settings(database_url=f"sqlite:///{path}"))
+    upgrade(engine)
+    engine.dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    with private_pg_database() as url:
+        engine = create_db_engine(Settings(database_url=url))
+        upgrade(engine)
+        engine.dispose()
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(
+    request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path
+) -> Iterator[str]:
+    """A migrated, empty database of each kind."""
+    if request.param == "sqlite":
+        yield copy_sqlite(sqlite_template, tmp_path / "taskward.db")
+    else:
+        url = request.getfixturevalue("pg_url")
+        truncate_all(url)
+        yield url
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    return Settings(database_url=database_url, models_dir=models, node_id="node-a")
+
+
+@pytest.fixture
+def db(settings: Settings) -> Iterator[Database]:
+    database = Database(create_db_engine(settings), Clock())
+    yield database
+    database.dispose()
