@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     backoff_base_seconds: float = Field(2, gt=0)
     backoff_max_seconds: float = Field(300, gt=0)
     poll_interval_ms: int = Field(50, ge=5, le=10_000)
+    # Extra engine plug-ins: comma-separated module names imported at start-up, each
+    # registering engines with `core.engines.registry.register_engine`.
+    engine_modules: str = ""
 
     @field_validator("sweep_schedule")
     @classmethod
@@ -95,6 +98,10 @@ class Settings(BaseSettings):
                 "TASKWARD_BACKOFF_BASE_SECONDS must not exceed TASKWARD_BACKOFF_MAX_SECONDS"
             )
         return self
+
+    @property
+    def engine_module_names(self) -> list[str]:
+        return [name.strip() for name in self.engine_modules.split(",") if name.strip()]
 
     @property
     def is_sqlite(self) -> bool:

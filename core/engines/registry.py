@@ -6,6 +6,7 @@ engines of their own. Instances are cached because an engine owns a model cache.
 
 from __future__ import annotations
 
+import importlib
 import threading
 
 from core.engines.base import Engine, EngineFactory, EngineOptions
@@ -20,6 +21,18 @@ def register_engine(name: str, factory: EngineFactory) -> None:
     with _lock:
         _factories[name] = factory
         _instances.pop(name, None)
+
+
+def import_engine_modules(names: list[str]) -> None:
+    """Import plug-in modules named by `TASKWARD_ENGINE_MODULES`; each registers engines."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise DomainError(
+                "engine_module_missing",
+                f"engine module {name!r} (TASKWARD_ENGINE_MODULES) cannot be imported: {exc}",
+            ) from None
 
 
 def known_engines() -> list[str]:

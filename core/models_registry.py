@@ -1,0 +1,93 @@
+"""The model registry: entries with verified content digests; files stay on disk.
+
+Registering streams the file once for its SHA-256. Before a task uses a model the
+worker calls `verified_model_file`, which re-checks size and digest (cached per
+(path, size, mtime) by `core.model_files`), so a changed file fails the task rather than
+silently running a different model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Row, delete, select
+
+from core.engines.base import EngineError, ModelFile
+from core.errors import Conflict, InvalidInput, NotFound
+from core.model_files import resolve_inside, sha256_of
+from core.store.database import Database
+from core.tables import models
+
+_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-/")
+
+
+def register(
+    db: Database,
+    models_dir: Path,
+    path: str | Path,
+    *,
+    model_id: str | None = None,
+    engine: str,
+    metadata: dict[str, str] | None = None,
+) -> Row[Any]:
+    """Add an entry for a file inside `models_dir`; an id already taken is a conflict."""
+    real = resolve_inside(models_dir, path)
+    model_id = model_id or real.stem
+    if not model_id or len(model_id) > 200 or not set(model_id) <= _ID_CHARS:
+        raise InvalidInput("invalid_model_id", "a model id is 1..200 of [A-Za-z0-9._:/-]",
+                           extra={"field": "id"})
+    digest = sha256_of(real)
+    stored_path = str(real.relative_to(models_dir.resolve()))
+    with db.write() as conn:
+        inserted = conn.execute(
+            db.insert_ignoring_conflicts(models).values(
+                id=model_id, engine=engine, path=stored_path, size_bytes=real.stat().st_size,
+                sha256=digest, created_at=db.clock.now_ms(),
+                metadata_json=json.dumps(metadata or {}, separators=(",", ":")),
+            )
+        )
+        if inserted.rowcount == 0:
+            raise Conflict("model_exists", f"a model with id {model_id!r} is already registered")
+        return get_model(conn, model_id)
+
+
+def get_model(conn: Connection, model_id: str) -> Row[Any]:
+    row = conn.execute(select(models).where(models.c.id == model_id)).first()
+    if row is None:
+        raise NotFound("model_not_found", "no model is registered under that id")
+    return row
+
+
+def list_models(conn: Connection) -> list[Row[Any]]:
+    return list(conn.execute(select(models).order_by(models.c.id)))
+
+
+def remove(db: Database, model_id: str) -> None:
+    """Remove the entry; the file is never deleted."""
+    with db.write() as conn:
+        if conn.execute(delete(models).where(models.c.id == model_id)).rowcount == 0:
+            raise NotFound("model_not_found", "no model is registered under that id")
+
+
+def verified_model_file(db: Database, models_dir: Path, model_id: str) -> tuple[str, ModelFile]:
+    """(engine name, model file) for a task, or a non-retryable `EngineError`.
+
+    Codes: `model_not_found` (entry gone), `model_file_missing`, `model_digest_mismatch`.
+    """
+    with db.read() as conn:
+        row = conn.execute(select(models).where(models.c.id == model_id)).first()
+    if row is None:
+        raise EngineError("model_not_found", "the task's model is no longer registered",
+                          retryable=False)
+    path = models_dir / row.path
+    try:
+        real = resolve_inside(models_dir, path)
+    except InvalidInput as exc:
+        raise EngineError(exc.code, exc.message, retryable=False) from None
+    if real.stat().st_size != row.size_bytes or sha256_of(real) != row.sha256:
+        raise EngineError("model_digest_mismatch",
+                          "the model file's content no longer matches its registered digest",
+                          retryable=False)
+    return row.engine, ModelFile(model_id=row.id, path=real, sha256=row.sha256)
