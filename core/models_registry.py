@@ -46,9 +46,9 @@ def register(
                 id=model_id, engine=engine, path=stored_path, size_bytes=real.stat().st_size,
                 sha256=digest, created_at=db.clock.now_ms(),
                 metadata_json=json.dumps(metadata or {}, separators=(",", ":")),
-            )
-        )
-        if inserted.rowcount == 0:
+            ).returning(models.c.id)
+        ).first()
+        if inserted is None:
             raise Conflict("model_exists", f"a model with id {model_id!r} is already registered")
         return get_model(conn, model_id)
 

@@ -130,4 +130,5 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ENV_PREFIX + str(first["loc"][0]).upper() if first["loc"] else "settings"
-        raise SettingsError(f"{key}: {first['msg']}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise SettingsError(f"{key}: {message}") from None

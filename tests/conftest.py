@@ -58,3 +58,13 @@ def db(settings: Settings) -> Iterator[Database]:
     database = Database(create_db_engine(settings), Clock())
     yield database
     database.dispose()
+
+
+@pytest.fixture
+def model_id(db: Database, settings: Settings) -> str:
+    """A registered model served by the deterministic test engine (tests/engines.py)."""
+    from core.models_registry import register
+
+    (settings.models_dir / "words.bin").write_bytes(b"test engine model\n")
+    register(db, settings.models_dir, "words.bin", model_id="words", engine="test.words")
+    return "words"

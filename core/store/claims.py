@@ -202,16 +202,20 @@ def _add_output(conn: Connection, task_id: str, now: int, text: str, usage: Usag
 
 
 def complete(
-    db: Database, task_id: str, owner: str, closing: Sequence[Event], *, usage: Usage
+    db: Database, task_id: str, owner: str, closing: Sequence[Event], *, usage: Usage,
+    text: str = "",
 ) -> None:
-    """`running -> completed` with the closing item/part events and the terminal one."""
+    """`running -> completed` with the closing item/part events and the terminal one.
+
+    `text` is output not yet stored (the last deltas ride in `closing`), so the end of
+    a task costs one transaction."""
     with db.write() as conn:
         now = db.clock.now_ms()
         if not move(conn, now=now, expected={Status.RUNNING}, where=_mine(task_id, owner),
                     to=Status.COMPLETED, events=[*closing, Event("response.completed")],
                     values=_finished(now)):
             raise fenced(conn, task_id, owner)
-        _add_output(conn, task_id, now, "", usage)
+        _add_output(conn, task_id, now, text, usage)
 
 
 def _finished(now: int) -> dict[str, Any]:

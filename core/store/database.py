@@ -47,7 +47,11 @@ class Database:
                 yield conn
 
     def insert_ignoring_conflicts(self, table: Table) -> Any:
-        """`INSERT … ON CONFLICT DO NOTHING`: a unique index decides, never a prior read."""
+        """`INSERT … ON CONFLICT DO NOTHING`: a unique index decides, never a prior read.
+
+        Add `.returning(<key>)` and test `.first()`: an INSERT's rowcount is not reliable
+        across drivers, RETURNING is.
+        """
         dialect = sqlite if self.is_sqlite else postgresql
         return dialect.insert(table).on_conflict_do_nothing()
 

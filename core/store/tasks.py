@@ -126,9 +126,9 @@ def insert_task(db: Database, conn: Connection, new: NewTask, now: int) -> str |
             request_json=new.request_json,
             schedule_id=new.schedule_id,
             retry_of=new.retry_of,
-        )
-    )
-    if inserted.rowcount == 0:
+        ).returning(tasks.c.id)
+    ).first()
+    if inserted is None:
         return None
     conn.execute(insert(responses).values(task_id=task_id, output_text="", updated_at=now))
     conn.execute(
@@ -154,9 +154,9 @@ def _claim_idempotency_key(
         db.insert_ignoring_conflicts(idempotency_keys).values(
             client_id=client_id, key=claim.key, request_digest=claim.digest,
             status_code=202, body="", task_id="", created_at=now, expires_at=now + ttl_ms,
-        )
-    )
-    if reserved.rowcount == 1:
+        ).returning(idempotency_keys.c.key)
+    ).first()
+    if reserved is not None:
         return None
     stored = conn.execute(select(idempotency_keys).where(*key_of)).one()
     if stored.request_digest != claim.digest:

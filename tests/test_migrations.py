@@ -1,0 +1,43 @@
+"""Migrations reach head on both stores; an unknown or stale schema is refused."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from core.errors import SchemaMismatch
+from core.settings import Settings
+from infra.db import create_db_engine
+from infra.migrate import check_schema, head_revision, upgrade
+
+
+def test_a_migrated_database_is_at_head(database_url: str) -> None:
+    engine = create_db_engine(Settings(database_url=database_url))
+    check_schema(engine)
+    assert upgrade(engine) == head_revision()  # a second upgrade is a no-op
+    engine.dispose()
+
+
+def test_a_database_at_an_unknown_revision_is_refused_untouched(database_url: str) -> None:
+    engine = create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'from_the_future'"))
+    with pytest.raises(SchemaMismatch, match="unknown"):
+        check_schema(engine)
+    with pytest.raises(SchemaMismatch, match="unknown"):
+        upgrade(engine)
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == (
+            "from_the_future")
+        conn.execute(text(f"UPDATE alembic_version SET version_num = '{head_revision()}'"))
+    engine.dispose()
+
+
+def test_an_empty_database_is_refused_until_migrated(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/empty.db"
+    engine = create_db_engine(Settings(database_url=url))
+    with pytest.raises(SchemaMismatch, match="taskward migrate"):
+        check_schema(engine)
+    upgrade(engine)
+    check_schema(engine)
+    engine.dispose()

@@ -1,0 +1,67 @@
+"""Settings are strict: unknown keys, bad values and inconsistent pairs stop start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.settings import SettingsError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("TASKWARD_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_defaults_follow_the_spec() -> None:
+    settings = load_settings()
+    assert settings.database_url == "sqlite:///./var/taskward.db"
+    assert (settings.lease_seconds, settings.heartbeat_seconds) == (30, 10)
+    assert (settings.max_attempts_default, settings.max_attempts_cap) == (3, 10)
+    assert settings.worker_concurrency == 2 and settings.max_body_bytes == 1_048_576
+    assert settings.sweep_schedule == "* * * * *" and settings.retention_hours == 168
+
+
+def test_an_unknown_key_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKWARD_LEASE_SECONDZ", "5")
+    with pytest.raises(SettingsError, match="TASKWARD_LEASE_SECONDZ"):
+        load_settings()
+
+
+def test_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKWARD_WORKER_CONCURRENCY", "many")
+    with pytest.raises(SettingsError, match="TASKWARD_WORKER_CONCURRENCY"):
+        load_settings()
+
+
+def test_heartbeat_must_be_shorter_than_the_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKWARD_HEARTBEAT_SECONDS", "30")
+    with pytest.raises(SettingsError, match="TASKWARD_HEARTBEAT_SECONDS"):
+        load_settings()
+
+
+def test_a_bad_cron_schedule_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKWARD_SWEEP_SCHEDULE", "every minute")
+    with pytest.raises(SettingsError, match="TASKWARD_SWEEP_SCHEDULE"):
+        load_settings()
+
+
+def test_toml_file_is_read_and_environment_wins(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "taskward.toml").write_text("lease_seconds = 60\nworker_concurrency = 4\n")
+    monkeypatch.setenv("TASKWARD_WORKER_CONCURRENCY", "8")
+    settings = load_settings()
+    assert (settings.lease_seconds, settings.worker_concurrency) == (60, 8)
+
+
+def test_an_unknown_key_in_the_toml_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "taskward.toml").write_text("lease_secondz = 60\n")
+    with pytest.raises(SettingsError, match="LEASE_SECONDZ"):
+        load_settings()
