@@ -1,0 +1,158 @@
+"""Real multi-process races on both stores: claims, cancel against finish, idempotency.
+
+Each racer is a separate OS process with its own engine and connection pool, as
+several sweepers or API workers would be.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import func, select
+
+from core.engines.base import Usage
+from core.errors import CancelRequested, Conflict
+from core.idempotency import IdempotencyClaim
+from core.settings import Settings
+from core.store import claims, tasks
+from core.store.database import Database
+from core.tables import task_events
+from core.tables import tasks as tasks_table
+from infra.db import create_db_engine
+from tests.store.helpers import assert_log_sound
+
+SPAWN = multiprocessing.get_context("spawn")
+LEASE = 60_000
+
+
+def _open(url: str) -> Database:
+    return Database(create_db_engine(Settings(database_url=url)))
+
+
+def _claim_and_finish(url: str, start: Any, results: Any) -> None:
+    db = _open(url)
+    start.wait()
+    taken: list[tuple[str, int]] = []
+    idle = 0
+    while idle < 3:
+        batch = claims.claim(db, limit=10, lease_ms=LEASE, node_id="racer")
+        idle = idle + 1 if not batch else 0
+        for claimed in batch:
+            claims.start_running(db, claimed.task_id, claimed.owner_token)
+            claims.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
+            taken.append((claimed.task_id, claimed.attempt))
+    results.put(taken)
+    db.dispose()
+
+
+def _enqueue_many(db: Database, model: str, count: int) -> list[str]:
+    return [tasks.enqueue(db, tasks.NewTask(client_id="c", model=model,
+                                            request_json="{}")).task_id for _ in range(count)]
+
+
+def _run(jobs: list[tuple[Any, tuple[Any, ...]]]) -> list[Any]:
+    """Start every (target, args) in its own process, release them at once, collect."""
+    start = SPAWN.Event()
+    results = SPAWN.Queue()
+    processes = [SPAWN.Process(target=target, args=(*args, start, results))
+                 for target, args in jobs]
+    for process in processes:
+        process.start()
+    start.set()
+    collected = [results.get(timeout=180) for _ in processes]
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    return collected
+
+
+def test_four_processes_claim_every_attempt_exactly_once(
+    db: Database, database_url: str, model_id: str
+) -> None:
+    ids = _enqueue_many(db, model_id, 2000)
+    taken = [pair for batch in _run([(_claim_and_finish, (database_url,))] * 4) for pair in batch]
+    assert sorted(task_id for task_id, _ in taken) == sorted(ids)
+    assert Counter(taken).most_common(1)[0][1] == 1
+    assert len({attempt for _, attempt in taken}) == 1
+    with db.read() as conn:
+        loading = conn.execute(
+            select(task_events.c.task_id, func.count())
+            .where(task_events.c.type == "response.loading")
+            .group_by(task_events.c.task_id)).all()
+        statuses = conn.execute(select(tasks_table.c.status, func.count())
+                                .group_by(tasks_table.c.status)).all()
+    assert len(loading) == 2000 and {n for _, n in loading} == {1}
+    assert dict(statuses) == {"completed": 2000}
+
+
+def _cancel_all(url: str, ids: list[str], start: Any, results: Any) -> None:
+    db = _open(url)
+    start.wait()
+    outcomes = []
+    for task_id in ids:
+        try:
+            outcomes.append(tasks.cancel(db, task_id, None).status_code)
+        except Conflict:
+            outcomes.append(409)
+    results.put(("cancel", outcomes))
+    db.dispose()
+
+
+def _finish_all(url: str, held: list[tuple[str, str]], start: Any, results: Any) -> None:
+    db = _open(url)
+    start.wait()
+    outcomes = []
+    for task_id, owner in held:
+        try:
+            claims.complete(db, task_id, owner, [], usage=Usage())
+            outcomes.append("completed")
+        except CancelRequested:
+            claims.finish_cancelled(db, task_id, owner)
+            outcomes.append("cancelled")
+    results.put(("finish", outcomes))
+    db.dispose()
+
+
+def test_cancel_racing_finish_never_yields_both(
+    db: Database, database_url: str, model_id: str
+) -> None:
+    _enqueue_many(db, model_id, 1000)
+    held = []
+    while batch := claims.claim(db, limit=100, lease_ms=LEASE, node_id="n"):
+        for claimed in batch:
+            claims.start_running(db, claimed.task_id, claimed.owner_token)
+            held.append((claimed.task_id, claimed.owner_token))
+    ids = [task_id for task_id, _ in held]
+    outcomes = dict(_run([(_cancel_all, (database_url, ids)),
+                          (_finish_all, (database_url, held))]))
+    with db.read() as conn:
+        final = dict(conn.execute(select(tasks_table.c.id, tasks_table.c.status)).all())
+    for task_id, cancel_code, finished in zip(ids, outcomes["cancel"], outcomes["finish"]):
+        assert final[task_id] == finished
+        assert (cancel_code == 409) == (finished == "completed")
+    assert set(final.values()) <= {"completed", "cancelled"}
+    for task_id in ids[::50]:
+        assert_log_sound(db, task_id)
+
+
+def _enqueue_with_key(url: str, model: str, start: Any, results: Any) -> None:
+    db = _open(url)
+    start.wait()
+    outcome = tasks.enqueue(db, tasks.NewTask(client_id="c", model=model, request_json="{}"),
+                            idempotency=IdempotencyClaim("same-key", "same-digest"))
+    results.put((outcome.task_id, outcome.body.decode()))
+    db.dispose()
+
+
+def test_concurrent_enqueues_with_one_idempotency_key_create_one_task(
+    db: Database, database_url: str, model_id: str
+) -> None:
+    outcomes = _run([(_enqueue_with_key, (database_url, model_id))] * 8)
+    assert len({task_id for task_id, _ in outcomes}) == 1
+    assert len({body for _, body in outcomes}) == 1
+    assert json.loads(outcomes[0][1])["status"] == "queued"
+    with db.read() as conn:
+        assert conn.execute(select(func.count()).select_from(tasks_table)).scalar() == 1
