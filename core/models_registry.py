@@ -42,11 +42,11 @@ def register(
     stored_path = str(real.relative_to(models_dir.resolve()))
     with db.write() as conn:
         inserted = conn.execute(
-            db.insert_ignoring_conflicts(models).values(
-                id=model_id, engine=engine, path=stored_path, size_bytes=real.stat().st_size,
-                sha256=digest, created_at=db.clock.now_ms(),
-                metadata_json=json.dumps(metadata or {}, separators=(",", ":")),
-            ).returning(models.c.id)
+            db.insert_ignoring_conflicts(models, models.c.id),
+            {"id": model_id, "engine": engine, "path": stored_path,
+             "size_bytes": real.stat().st_size, "sha256": digest,
+             "created_at": db.clock.now_ms(),
+             "metadata_json": json.dumps(metadata or {}, separators=(",", ":"))},
         ).first()
         if inserted is None:
             raise Conflict("model_exists", f"a model with id {model_id!r} is already registered")

@@ -27,7 +27,7 @@ def create_db_engine(settings: Settings) -> Engine:
         )
         _configure_sqlite(engine, settings)
         return engine
-    return create_engine(url, pool_size=8, max_overflow=16, pool_pre_ping=True)
+    return create_engine(url, pool_size=8, max_overflow=16, pool_pre_ping=False)
 
 
 def open_database(settings: Settings, clock: Clock | None = None) -> Database:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, event, text
+from sqlalchemy import Column, Connection, Engine, Table, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from core.clock import Clock
@@ -29,6 +29,7 @@ class Database:
         self.clock = clock or Clock()
         self.is_sqlite = engine.dialect.name == "sqlite"
         self._work_listeners: list[Callable[[], None]] = []
+        self._conflict_inserts: dict[tuple[str, str], Any] = {}
         if self.is_sqlite:
             _take_over_sqlite_transactions(engine)
 
@@ -46,14 +47,21 @@ class Database:
             with conn.begin():
                 yield conn
 
-    def insert_ignoring_conflicts(self, table: Table) -> Any:
-        """`INSERT … ON CONFLICT DO NOTHING`: a unique index decides, never a prior read.
-
-        Add `.returning(<key>)` and test `.first()`: an INSERT's rowcount is not reliable
-        across drivers, RETURNING is.
+    def insert_ignoring_conflicts(self, table: Table, key: Column[Any] | None = None) -> Any:
+        """`INSERT … ON CONFLICT DO NOTHING RETURNING key`: a unique index decides, never
+        a prior read. Execute it with the row's values; `.first()` is None on a conflict
+        (an INSERT's rowcount is not reliable across drivers, RETURNING is).
+        Built once per (table, key): statement construction is a hot-path cost.
         """
-        dialect = sqlite if self.is_sqlite else postgresql
-        return dialect.insert(table).on_conflict_do_nothing()
+        cache_key = (table.name, key.key if key is not None else "")
+        statement = self._conflict_inserts.get(cache_key)
+        if statement is None:
+            dialect = sqlite if self.is_sqlite else postgresql
+            statement = dialect.insert(table).on_conflict_do_nothing()
+            if key is not None:
+                statement = statement.returning(key)
+            self._conflict_inserts[cache_key] = statement
+        return statement
 
     def announce_work(self, conn: Connection) -> None:
         """Tell sweepers that new work is due, as part of the transaction `conn`.

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Row, delete, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, delete, insert, select
 
 from core.errors import Conflict, InvalidInput, NotFound
 from core.idempotency import IdempotencyClaim
@@ -43,8 +45,12 @@ class Enqueued:
     dedupe_hit: bool = False
 
 
+class _KeyTaken(Exception):
+    """The idempotency key is already recorded: roll back, then answer from the record."""
+
+
 class _DedupeHit(Exception):
-    """Rolls the creating transaction back (with its idempotency record)."""
+    """An active task holds the dedupe key: roll back, then answer with that task."""
 
 
 def enqueue(
@@ -58,107 +64,124 @@ def enqueue(
 
     A second request with the same idempotency key gets the stored answer (or
     `idempotency_key_reused`); one with the active task's `dedupe_key` gets that task
-    (`200`, nothing created). Both are decided by unique indexes, never by a prior read.
+    (`200`, nothing created). Both are decided by unique indexes, never by a prior read:
+    the common path is five statements and one commit, and only a conflict reads.
     """
     try:
         with db.write() as conn:
             now = db.clock.now_ms()
-            if idempotency is not None:
-                stored = _claim_idempotency_key(db, conn, new.client_id, idempotency, now,
-                                                idempotency_ttl_ms)
-                if stored is not None:
-                    return stored
-            task_id = insert_task(db, conn, new, now)
-            if task_id is None:
+            created = insert_task(db, conn, new, now)
+            if created is None:
                 raise _DedupeHit
-            body = _json_bytes(current_response(conn, task_id))
-            if idempotency is not None:
-                conn.execute(
-                    update(idempotency_keys)
-                    .where(idempotency_keys.c.client_id == new.client_id,
-                           idempotency_keys.c.key == idempotency.key)
-                    .values(task_id=task_id, body=body.decode())
-                )
+            body = _json_bytes(response_object(created, None))
+            if idempotency is not None and not _record_key(
+                db, conn, new.client_id, idempotency, created.id, body, now, idempotency_ttl_ms
+            ):
+                raise _KeyTaken
             db.announce_work(conn)
-            return Enqueued(task_id, 202, body)
-    except _DedupeHit:
-        with db.read() as conn:
-            existing = conn.execute(
-                select(tasks.c.id).where(
-                    tasks.c.client_id == new.client_id,
-                    tasks.c.dedupe_key == new.dedupe_key,
-                    tasks.c.status.in_([s.value for s in Status if s not in TERMINAL]),
-                )
-            ).scalar()
-            if existing is None:  # it finished in between: the key is free again
+            return Enqueued(created.id, 202, body)
+    except (_KeyTaken, _DedupeHit, InvalidInput) as refusal:
+        if idempotency is not None:
+            stored = _stored_answer(db, new.client_id, idempotency)
+            if stored is not None:
+                return stored
+            if isinstance(refusal, _KeyTaken):  # the record had expired and is gone now
                 return enqueue(db, new, idempotency=idempotency,
                                idempotency_ttl_ms=idempotency_ttl_ms)
-            body = _json_bytes(current_response(conn, existing))
-        return Enqueued(existing, 200, body, dedupe_hit=True)
+        if isinstance(refusal, InvalidInput):
+            raise
+        return _dedupe_answer(db, new, idempotency, idempotency_ttl_ms)
 
 
-def insert_task(db: Database, conn: Connection, new: NewTask, now: int) -> str | None:
+def _dedupe_answer(
+    db: Database, new: NewTask, idempotency: IdempotencyClaim | None, ttl_ms: int
+) -> Enqueued:
+    with db.read() as conn:
+        holder = conn.execute(
+            select(tasks.c.id).where(
+                tasks.c.client_id == new.client_id,
+                tasks.c.dedupe_key == new.dedupe_key,
+                tasks.c.status.in_([s.value for s in Status if s not in TERMINAL]),
+            )
+        ).scalar()
+        if holder is not None:
+            return Enqueued(holder, 200, _json_bytes(current_response(conn, holder)),
+                            dedupe_hit=True)
+    # The holder finished in between: the key is free again.
+    return enqueue(db, new, idempotency=idempotency, idempotency_ttl_ms=ttl_ms)
+
+
+_MODEL_EXISTS = select(models.c.id).where(models.c.id == bindparam("model"))
+_INSERT_RESPONSE = insert(responses)
+_INSERT_EVENT = insert(task_events)
+
+
+def insert_task(db: Database, conn: Connection, new: NewTask, now: int) -> SimpleNamespace | None:
     """Insert a task with its response row and first event; None on a dedupe conflict.
 
     Shared by `enqueue`, retries of dead letters and schedule firing, so every task is
-    born the same way. Refuses an unknown model before writing anything.
+    born the same way. Refuses an unknown model before writing anything. Returns the
+    new task's columns (with empty response columns), enough to render it without a
+    read-back.
     """
-    if conn.execute(select(models.c.id).where(models.c.id == new.model)).first() is None:
+    if conn.execute(_MODEL_EXISTS, {"model": new.model}).first() is None:
         raise InvalidInput("model_not_found", "no model is registered under that id",
                            extra={"field": "model"})
-    task_id = sortable_id("resp", now)
-    inserted = conn.execute(
-        db.insert_ignoring_conflicts(tasks).values(
-            id=task_id,
-            client_id=new.client_id,
-            model=new.model,
-            status=Status.QUEUED.value,
-            on_restart=new.on_restart.value,
-            attempts=0,
-            max_attempts=new.max_attempts,
-            created_at=now,
-            updated_at=now,
-            run_at=max(now, new.run_at) if new.run_at is not None else now,
-            last_seq=1,
-            dedupe_key=new.dedupe_key,
-            dead_lettered=0,
-            metadata_json=json.dumps(new.metadata, separators=(",", ":")),
-            request_json=new.request_json,
-            schedule_id=new.schedule_id,
-            retry_of=new.retry_of,
-        ).returning(tasks.c.id)
-    ).first()
-    if inserted is None:
+    values = {
+        "id": sortable_id("resp", now), "client_id": new.client_id, "model": new.model,
+        "status": Status.QUEUED.value, "on_restart": new.on_restart.value, "attempts": 0,
+        "max_attempts": new.max_attempts, "created_at": now, "updated_at": now,
+        "run_at": max(now, new.run_at) if new.run_at is not None else now,
+        "started_at": None, "finished_at": None, "owner_token": None,
+        "lease_expires_at": None, "node_id": None, "last_seq": 1,
+        "dedupe_key": new.dedupe_key, "error_code": None, "error_message": None,
+        "dead_lettered": 0, "metadata_json": json.dumps(new.metadata, separators=(",", ":")),
+        "request_json": new.request_json, "snapshot_json": None,
+        "schedule_id": new.schedule_id, "retry_of": new.retry_of,
+    }
+    if conn.execute(db.insert_ignoring_conflicts(tasks, tasks.c.id), values).first() is None:
         return None
-    conn.execute(insert(responses).values(task_id=task_id, output_text="", updated_at=now))
-    conn.execute(
-        insert(task_events).values(
-            task_id=task_id, seq=1, type="response.created", created_at=now, data="{}"
-        )
-    )
-    return task_id
+    conn.execute(_INSERT_RESPONSE, {"task_id": values["id"], "output_text": "",
+                                    "updated_at": now})
+    conn.execute(_INSERT_EVENT, {"task_id": values["id"], "seq": 1,
+                                 "type": "response.created", "created_at": now, "data": "{}"})
+    return SimpleNamespace(**values, output_text="", input_tokens=0, output_tokens=0)
 
 
-def _claim_idempotency_key(
+def _record_key(
     db: Database,
     conn: Connection,
     client_id: str,
     claim: IdempotencyClaim,
+    task_id: str,
+    body: bytes,
     now: int,
     ttl_ms: int,
-) -> Enqueued | None:
-    """Reserve the key for this request, or return the stored answer of its first use."""
-    key_of = (idempotency_keys.c.client_id == client_id, idempotency_keys.c.key == claim.key)
-    conn.execute(delete(idempotency_keys).where(*key_of, idempotency_keys.c.expires_at <= now))
-    reserved = conn.execute(
-        db.insert_ignoring_conflicts(idempotency_keys).values(
-            client_id=client_id, key=claim.key, request_digest=claim.digest,
-            status_code=202, body="", task_id="", created_at=now, expires_at=now + ttl_ms,
-        ).returning(idempotency_keys.c.key)
+) -> bool:
+    """Store the answer under the key; False when the key is already recorded.
+
+    On PostgreSQL a concurrent holder of the same key makes this wait for its commit,
+    so exactly one of two racing requests creates a task.
+    """
+    recorded = conn.execute(
+        db.insert_ignoring_conflicts(idempotency_keys, idempotency_keys.c.key),
+        {"client_id": client_id, "key": claim.key, "request_digest": claim.digest,
+         "status_code": 202, "body": body.decode(), "task_id": task_id,
+         "created_at": now, "expires_at": now + ttl_ms},
     ).first()
-    if reserved is not None:
-        return None
-    stored = conn.execute(select(idempotency_keys).where(*key_of)).one()
+    return recorded is not None
+
+
+def _stored_answer(db: Database, client_id: str, claim: IdempotencyClaim) -> Enqueued | None:
+    """The recorded answer for the key (deleting it when expired), or None."""
+    key_of = (idempotency_keys.c.client_id == client_id, idempotency_keys.c.key == claim.key)
+    with db.write() as conn:
+        stored = conn.execute(select(idempotency_keys).where(*key_of)).first()
+        if stored is None:
+            return None
+        if stored.expires_at <= db.clock.now_ms():
+            conn.execute(delete(idempotency_keys).where(*key_of))
+            return None
     if stored.request_digest != claim.digest:
         raise InvalidInput(
             "idempotency_key_reused",
@@ -260,14 +283,14 @@ def retry_failed(db: Database, task_id: str, max_attempts: int) -> str:
         old = get_task(conn, task_id, None)
         if old.status != Status.FAILED:
             raise Conflict("task_not_failed", "only a failed task can be retried")
-        new_id = insert_task(db, conn, NewTask(
+        created = insert_task(db, conn, NewTask(
             client_id=old.client_id, model=old.model, request_json=old.request_json,
             on_restart=OnRestart(old.on_restart), max_attempts=max_attempts,
             metadata=json.loads(old.metadata_json), retry_of=old.id,
         ), db.clock.now_ms())
-        if new_id is None:
+        if created is None:
             raise Conflict("dedupe_conflict", "an active task already holds this dedupe key")
-        return new_id
+        return str(created.id)
 
 
 def read_events(
@@ -281,3 +304,13 @@ def read_events(
             .limit(limit)
         )
     )
+
+
+def log_positions(conn: Connection, task_ids: Sequence[str]) -> dict[str, int]:
+    """`last_seq` of each listed task that still exists (one statement for all of them).
+
+    The API's live tail polls this for every stream and long-poll of its process at
+    once, so following N tasks costs one indexed query per tick, not N.
+    """
+    rows = conn.execute(select(tasks.c.id, tasks.c.last_seq).where(tasks.c.id.in_(task_ids)))
+    return {row.id: row.last_seq for row in rows}
