@@ -2,14 +2,17 @@
 keys and pairing codes, removed in bounded batches.
 
 Each batch is its own short transaction, selected through an index on an indexed
-column, so SQLite's write lock is held for milliseconds and PostgreSQL never deletes
-millions of rows in one statement. Only terminal tasks are ever selected.
+column, so PostgreSQL never deletes millions of rows in one statement and SQLite's
+write lock is released between batches. The batch size adapts to how long a batch
+holds the lock: halved when a batch takes longer than `TARGET_HOLD_S`, doubled (up to
+the configured size) when it is well under, so API writers never wait long behind
+cleanup however large the backlog or slow the disk. Only terminal tasks are selected.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-
 from typing import Any
 
 from sqlalchemy import Table, delete, select, tuple_
@@ -26,7 +29,12 @@ class Removed:
     idempotency_keys: int = 0
     pairing_codes: int = 0
     batches: int = 0
+    longest_batch_ms: float = 0.0
     finished: bool = field(default=True)
+
+
+TARGET_HOLD_S = 0.040
+MIN_BATCH = 50
 
 
 def remove_expired(
@@ -38,9 +46,18 @@ def remove_expired(
     """
     removed = Removed()
     cutoff = db.clock.now_ms() - retention_ms
+    size = min(batch_size, 500)
     while removed.batches < max_batches:
         removed.batches += 1
-        if not _task_batch(db, cutoff, batch_size, removed):
+        began = time.perf_counter()
+        more = _task_batch(db, cutoff, size, removed)
+        held = time.perf_counter() - began
+        removed.longest_batch_ms = max(removed.longest_batch_ms, held * 1000)
+        if held > TARGET_HOLD_S:
+            size = max(MIN_BATCH, size // 2)
+        elif held < TARGET_HOLD_S / 4:
+            size = min(batch_size, size * 2)
+        if not more:
             break
     else:
         removed.finished = False
