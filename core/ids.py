@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
 import time
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
@@ -22,10 +23,25 @@ def _base32(value: int, width: int) -> str:
     return "".join(reversed(chars))
 
 
+_last_lock = threading.Lock()
+_last: list[int] = [0, 0]  # the (ms, random) part of the last id this process made
+
+
 def sortable_id(prefix: str, now_ms: int | None = None) -> str:
-    """`prefix_` + 10 chars of milliseconds + 16 random chars (80 bits)."""
+    """`prefix_` + 10 chars of milliseconds + 16 random chars (80 bits).
+
+    Monotonic within a process (as ULIDs are): an id made in the same millisecond as
+    the previous one takes its random part plus one, so creation order is id order and
+    "oldest first" holds for tasks created in one burst.
+    """
     ms = int(time.time() * 1000) if now_ms is None else now_ms
-    return f"{prefix}_{_base32(ms, 10)}{_base32(secrets.randbits(80), 16)}"
+    with _last_lock:
+        if ms <= _last[0] and _last[1] + 1 < 2**80:
+            ms, rand = _last[0], _last[1] + 1
+        else:
+            rand = secrets.randbits(79)  # headroom for increments within one millisecond
+        _last[:] = [ms, rand]
+    return f"{prefix}_{_base32(ms, 10)}{_base32(rand, 16)}"
 
 
 def random_id(prefix: str) -> str:

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, select, update
+from sqlalchemy import Connection, Row, bindparam, func, select, update
 
 from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
 from core.ids import new_owner_token
 from core.states import OnRestart, Status
 from core.store.database import Database
-from core.store.transitions import Event, move, per_row
+from core.store.transitions import Event, Held, move, per_row
 from core.tables import responses, tasks
 
 MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
@@ -132,6 +132,8 @@ def _mine(task_id: str, owner: str) -> list[Any]:
     return [tasks.c.id == task_id, tasks.c.owner_token == owner]
 
 
+
+
 def fenced(conn: Connection, task_id: str, owner: str) -> Exception:
     """Why a fenced write changed nothing: a cancel to honour, or a lost lease."""
     row = conn.execute(
@@ -162,10 +164,13 @@ def heartbeat(db: Database, task_id: str, owner: str, *, lease_ms: int) -> Statu
 def start_running(db: Database, task_id: str, owner: str) -> None:
     """`loading -> running` once the model is loaded."""
     with db.write() as conn:
-        if not move(conn, now=db.clock.now_ms(), expected={Status.LOADING},
-                    where=_mine(task_id, owner), to=Status.RUNNING,
-                    events=[Event("response.in_progress")]):
-            raise fenced(conn, task_id, owner)
+        _start(conn, db.clock.now_ms(), task_id, owner)
+
+
+def _start(conn: Connection, now: int, task_id: str, owner: str) -> None:
+    if not move(conn, now=now, expected={Status.LOADING}, where=Held(task_id, owner),
+                to=Status.RUNNING, events=[Event("response.in_progress")]):
+        raise fenced(conn, task_id, owner)
 
 
 def append_output(
@@ -177,41 +182,60 @@ def append_output(
     text: str = "",
     snapshot_json: str | None = None,
     usage: Usage | None = None,
+    start: bool = False,
 ) -> None:
     """Append events (deltas, item/part events) with the snapshot and text they imply.
 
     Events, snapshot and output text move together, so a resumed task continues from
-    exactly what its clients have seen.
+    exactly what its clients have seen. `start=True` first makes the `start_running`
+    move in the same transaction (a worker that batches its first writes).
     """
     with db.write() as conn:
         now = db.clock.now_ms()
+        if start:
+            _start(conn, now, task_id, owner)
         values = {} if snapshot_json is None else {"snapshot_json": snapshot_json}
-        if not move(conn, now=now, expected={Status.RUNNING}, where=_mine(task_id, owner),
+        if not move(conn, now=now, expected={Status.RUNNING}, where=Held(task_id, owner),
                     to=None, events=events, values=values):
             raise fenced(conn, task_id, owner)
         _add_output(conn, task_id, now, text, usage)
 
 
 def _add_output(conn: Connection, task_id: str, now: int, text: str, usage: Usage | None) -> None:
-    values: dict[str, Any] = {"updated_at": now}
-    if text:
-        values["output_text"] = responses.c.output_text + text
+    params: dict[str, Any] = {"p_task_id": task_id, "p_now": now, "p_text": text}
     if usage is not None:
-        values.update(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
-    conn.execute(update(responses).where(responses.c.task_id == task_id).values(**values))
+        params.update(p_in=usage.input_tokens, p_out=usage.output_tokens)
+    conn.execute(_ADD_OUTPUT[usage is not None], params)
+
+
+def _output_update(with_usage: bool) -> Any:
+    values: dict[str, Any] = {"updated_at": bindparam("p_now"),
+                              "output_text": responses.c.output_text + bindparam("p_text")}
+    if with_usage:
+        values.update(input_tokens=bindparam("p_in"), output_tokens=bindparam("p_out"))
+    return (update(responses).where(responses.c.task_id == bindparam("p_task_id"))
+            .values(**values))
+
+
+# Prepared once (see `transitions.Held`): appending output is the worker's hottest write.
+_ADD_OUTPUT = {with_usage: _output_update(with_usage) for with_usage in (False, True)}
 
 
 def complete(
     db: Database, task_id: str, owner: str, closing: Sequence[Event], *, usage: Usage,
     text: str = "",
+    start: bool = False,
 ) -> None:
     """`running -> completed` with the closing item/part events and the terminal one.
 
     `text` is output not yet stored (the last deltas ride in `closing`), so the end of
-    a task costs one transaction."""
+    a task costs one transaction; with `start=True` so does a whole short generation
+    (`loading -> running -> completed`, each move with its event)."""
     with db.write() as conn:
         now = db.clock.now_ms()
-        if not move(conn, now=now, expected={Status.RUNNING}, where=_mine(task_id, owner),
+        if start:
+            _start(conn, now, task_id, owner)
+        if not move(conn, now=now, expected={Status.RUNNING}, where=Held(task_id, owner),
                     to=Status.COMPLETED, events=[*closing, Event("response.completed")],
                     values=_finished(now)):
             raise fenced(conn, task_id, owner)
@@ -228,7 +252,7 @@ def fail(db: Database, task_id: str, owner: str, code: str, message: str) -> Non
         now = db.clock.now_ms()
         error = {"code": code, "message": message[:500]}
         if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
-                    where=_mine(task_id, owner), to=Status.FAILED,
+                    where=Held(task_id, owner), to=Status.FAILED,
                     events=[Event("response.failed", {"error": error, "dead_lettered": False})],
                     values={**_finished(now), "error_code": code,
                             "error_message": error["message"]}):
@@ -239,7 +263,7 @@ def finish_cancelled(db: Database, task_id: str, owner: str) -> None:
     """The worker honours a cancel request: `cancelling -> cancelled`."""
     with db.write() as conn:
         now = db.clock.now_ms()
-        if not move(conn, now=now, expected={Status.CANCELLING}, where=_mine(task_id, owner),
+        if not move(conn, now=now, expected={Status.CANCELLING}, where=Held(task_id, owner),
                     to=Status.CANCELLED, events=[Event("response.cancelled")],
                     values=_finished(now)):
             raise LeaseLost(task_id)
@@ -296,7 +320,7 @@ def release(db: Database, task_id: str, owner: str) -> None:
                                               "run_at": now})]
 
         if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
-                    where=_mine(task_id, owner), to=Status.QUEUED, events=released,
+                    where=Held(task_id, owner), to=Status.QUEUED, events=released,
                     values={**refund, "run_at": now}):
             raise fenced(conn, task_id, owner)
 

@@ -105,3 +105,19 @@ def _apply(
                     where=[*scope, match, *extra], to=target, events=events, values=values)
         counts[target.value] += len(rows)
     return counts
+
+
+def finalise_orphaned_cancels(db: Database) -> int:
+    """`cancelling` tasks no worker holds any more -> `cancelled`.
+
+    Lease expiry covers a worker that died holding the task; this covers a task that
+    was cancelled while nobody held it (a released or recovered `resume` task waiting
+    to be claimed again), which no lease will ever expire and no claim will take.
+    """
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        orphaned = (tasks.c.owner_token.is_(None)) | (tasks.c.lease_expires_at <= now)
+        return len(move(conn, now=now, expected={Status.CANCELLING}, where=[orphaned],
+                        to=Status.CANCELLED, events=[Event("response.cancelled")],
+                        values={"owner_token": None, "lease_expires_at": None,
+                                "finished_at": now}))

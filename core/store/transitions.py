@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Row, insert, update
+from sqlalchemy import ClauseElement, ColumnElement, Connection, Row, bindparam, insert, update
 
 from core.errors import ForbiddenTransition
 from core.states import Status, is_allowed
@@ -31,6 +31,18 @@ class Event:
 
 
 EventsFor = Callable[[Row[Any]], Sequence[Event]]
+
+
+@dataclass(frozen=True)
+class Held:
+    """The fencing condition of a worker's write: this task, held by this owner token.
+
+    Passed as `where`, it lets `move` use a prepared statement: the worker's writes are
+    the hottest path, and building an UPDATE anew costs SQLAlchemy as much as running it.
+    """
+
+    task_id: str
+    owner: str
 
 RETURNED = (
     tasks.c.id,
@@ -49,7 +61,7 @@ def move(
     *,
     now: int,
     expected: Iterable[Status],
-    where: Sequence[ColumnElement[bool]],
+    where: Sequence[ColumnElement[bool]] | Held,
     to: Status | None,
     events: EventsFor | Sequence[Event],
     values: dict[str, Any] | None = None,
@@ -71,20 +83,60 @@ def move(
     count = len(events) if not callable(events) else None
     if count is None:
         count = _event_count(events)
-    changes: dict[str, Any] = {"updated_at": now, "last_seq": tasks.c.last_seq + count}
-    if to is not None:
-        changes["status"] = to.value
-    changes.update(values or {})
-    statement = (
-        update(tasks)
-        .where(tasks.c.status.in_([s.value for s in expected]), *where)
-        .values(**changes)
-        .returning(*RETURNED)
-    )
-    rows = list(conn.execute(statement))
+    values = values or {}
+    if isinstance(where, Held) and not any(isinstance(v, ClauseElement) for v in values.values()):
+        statement = _prepared_fenced_update(expected, to, tuple(sorted(values)))
+        params = {f"v_{key}": value for key, value in values.items()}
+        rows = list(conn.execute(statement, {**params, "p_now": now, "p_count": count,
+                                             "p_task_id": where.task_id,
+                                             "p_owner": where.owner}))
+    else:
+        conditions = _held(where) if isinstance(where, Held) else list(where)
+        changes: dict[str, Any] = {"updated_at": now, "last_seq": tasks.c.last_seq + count}
+        if to is not None:
+            changes["status"] = to.value
+        changes.update(values)
+        statement = (
+            update(tasks)
+            .where(tasks.c.status.in_([s.value for s in expected]), *conditions)
+            .values(**changes)
+            .returning(*RETURNED)
+        )
+        rows = list(conn.execute(statement))
     if rows and count:
-        conn.execute(insert(task_events), list(_event_rows(rows, events, count, now)))
+        conn.execute(_INSERT_EVENTS, list(_event_rows(rows, events, count, now)))
     return rows
+
+
+_INSERT_EVENTS = insert(task_events)
+_prepared: dict[tuple[frozenset[Status], Status | None, tuple[str, ...]], Any] = {}
+
+
+def _held(held: Held) -> list[ColumnElement[bool]]:
+    return [tasks.c.id == held.task_id, tasks.c.owner_token == held.owner]
+
+
+def _prepared_fenced_update(
+    expected: frozenset[Status], to: Status | None, keys: tuple[str, ...]
+) -> Any:
+    """The fenced UPDATE for one (expected, target, value columns) shape, built once."""
+    shape = (expected, to, keys)
+    statement = _prepared.get(shape)
+    if statement is None:
+        changes: dict[str, Any] = {"updated_at": bindparam("p_now"),
+                                   "last_seq": tasks.c.last_seq + bindparam("p_count")}
+        if to is not None:
+            changes["status"] = to.value
+        changes.update({key: bindparam(f"v_{key}") for key in keys})
+        statement = _prepared[shape] = (
+            update(tasks)
+            .where(tasks.c.id == bindparam("p_task_id"),
+                   tasks.c.owner_token == bindparam("p_owner"),
+                   tasks.c.status.in_(sorted(s.value for s in expected)))
+            .values(**changes)
+            .returning(*RETURNED)
+        )
+    return statement
 
 
 def _event_count(events_for: EventsFor) -> int:
