@@ -1,7 +1,132 @@
-"""Process commands: migrate, recover, serve, sweep, sweeper, run."""
+"""Process commands: migrate, recover, sweep, sweeper, run.
+
+These are what a platform runs: `recover` as a cold-start hook (init container,
+ExecStartPre), `sweep` from cron, `sweeper` as a long-running service, `run` for a
+single machine. Each reads the same settings and exits 0 when its job is done.
+"""
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import click
 
-COMMANDS: list[click.Command] = []
+from core.engines.registry import import_engine_modules
+from core.settings import Settings, SettingsError, load_settings
+from core.store.recovery import recover as recover_tasks
+from infra.cli.context import database, domain_errors, emit, settings_or_exit
+from infra.migrate import upgrade
+
+log = logging.getLogger(__name__)
+
+@click.command()
+def migrate() -> None:
+    """Bring the database schema to this version's head and print the revision."""
+    settings = settings_or_exit()
+    with database(settings, check=False) as db, domain_errors():
+        click.echo(upgrade(db.engine))
+
+
+@click.command()
+@click.option("--all", "all_nodes", is_flag=True,
+              help="PostgreSQL: recover every node's tasks (a whole-service restart).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def recover(all_nodes: bool, as_json: bool) -> None:
+    """Cold-start hook: apply each leftover task's restart policy (idempotent)."""
+    settings = settings_or_exit()
+    with database(settings) as db:
+        scope = None if settings.is_sqlite or all_nodes else settings.node_id
+        counts = recover_tasks(db, node_id=scope)
+    if as_json:
+        emit({"recovered": counts}, as_json=True)
+    else:
+        click.echo("recovered: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line.")
+def sweep(as_json: bool) -> None:
+    """Exactly one sweeper pass (for cron), then exit 0 with a summary."""
+    from scheduler.sweep import sweep_once
+
+    settings = _worker_settings()
+    stop = threading.Event()
+    with database(settings) as db, _stop_on_signals(stop.set):
+        summary = sweep_once(db, settings, stop=stop)
+    if as_json:
+        emit(summary, as_json=True)
+    else:
+        click.echo(" ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+@click.command()
+@click.option("--schedule", metavar="CRON",
+              help="Maintenance passes (overrides TASKWARD_SWEEP_SCHEDULE).")
+def sweeper(schedule: str | None) -> None:
+    """Long-running sweeper: continuous claiming, maintenance on a cron schedule."""
+    from scheduler.loop import SweeperLoop
+
+    settings = _worker_settings(**({"sweep_schedule": schedule} if schedule else {}))
+    stop = threading.Event()
+    with database(settings) as db, _stop_on_signals(stop.set):
+        loop = SweeperLoop(db, settings)
+        loop.start()
+        log.info("sweeper started (node %s)", settings.node_id)
+        while not stop.wait(0.5):
+            pass
+        log.info("stopping: draining for up to %ss", settings.drain_seconds)
+        loop.stop()
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+def run(host: str, port: int) -> None:
+    """All-in-one: migrate, recover, then the API and the sweeper loop in one process."""
+    from infra.runtime import prepare, serve_all_in_one
+
+    settings = _worker_settings()
+    with domain_errors():
+        prepared = prepare(settings)
+    click.echo(f"schema at {prepared.revision}; recovered: "
+               + ", ".join(f"{k} {v}" for k, v in prepared.recovered.items()))
+    if prepared.default_model:
+        click.echo(f"registered the default model {prepared.default_model}")
+    if prepared.admin_code:
+        click.echo(f"admin pairing code (one use, expires in "
+                   f"{settings.pairing_code_ttl_seconds:.0f}s): {prepared.admin_code}")
+    click.echo(f"serving on http://{host}:{port} with the sweeper (Ctrl-C stops both)")
+    serve_all_in_one(host=host, port=port)
+
+
+def _worker_settings(**overrides: object) -> Settings:
+    """Settings for a process that executes tasks: logging on, engine plug-ins imported."""
+    try:
+        settings = load_settings(**overrides)
+    except SettingsError as exc:
+        raise click.ClickException(f"configuration error: {exc}") from None
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # `run` migrates: keep it quiet
+    with domain_errors():
+        import_engine_modules(settings.engine_module_names)
+    return settings
+
+
+@contextmanager
+def _stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT call `stop` (a graceful stop) instead of killing mid-write."""
+    previous = {signum: signal.signal(signum, lambda *_: stop())
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+COMMANDS: list[click.Command] = [migrate, recover, sweep, sweeper, run]

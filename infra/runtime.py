@@ -1,0 +1,91 @@
+"""The all-in-one process of `taskward run`: one machine, one command.
+
+Start-up order matters. Migrations first (nothing may touch an old schema); then the
+cold-start hook, before any worker could claim, so every leftover task is put into a
+defined state; then the default model and the first admin pairing code; and only then
+the API and the sweeper loop, started together in granian's worker process.
+
+The sweeper shares that process's `Database` with the API, so an enqueue wakes it
+in-process (the only push SQLite has). Ctrl-C / SIGTERM reach granian, which shuts the
+app down: the shutdown hook stops the loop gracefully (drain, then hand back) before
+the database closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from litestar import Litestar
+
+from core.clients import first_start_admin_code
+from core.engines.registry import import_engine_modules
+from core.model_files import DEFAULT_ENGINE, DEFAULT_MODEL_ID, install_default_model
+from core.models_registry import list_models, register
+from core.settings import Settings, load_settings
+from core.store.database import Database
+from core.store.recovery import recover
+from handlers.app import create_app
+from infra.db import open_database
+from infra.migrate import upgrade
+from infra.server import serve
+from scheduler.loop import SweeperLoop
+
+ALL_IN_ONE_APP = "infra.runtime:all_in_one_app"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What start-up did, for the console."""
+
+    revision: str
+    recovered: dict[str, int]
+    default_model: str | None = None
+    admin_code: str | None = None
+
+
+def prepare(settings: Settings) -> Prepared:
+    """Everything `run` does before serving: migrate, recover, seed a fresh install."""
+    db = open_database(settings)
+    try:
+        revision = upgrade(db.engine)
+        recovered = recover(db, node_id=None if settings.is_sqlite else settings.node_id)
+        default_model = _register_default_model(db, settings)
+        admin_code = first_start_admin_code(db, settings)
+    finally:
+        db.dispose()
+    return Prepared(revision, recovered, default_model, admin_code)
+
+
+def _register_default_model(db: Database, settings: Settings) -> str | None:
+    """Register the bundled model when the registry is empty, so `/v1/models` is not."""
+    with db.read() as conn:
+        if list_models(conn):
+            return None
+    path = install_default_model(settings.models_dir)
+    register(db, settings.models_dir, path, model_id=DEFAULT_MODEL_ID, engine=DEFAULT_ENGINE)
+    return DEFAULT_MODEL_ID
+
+
+def serve_all_in_one(*, host: str, port: int) -> None:
+    """Serve the API with the sweeper loop until SIGINT/SIGTERM (one granian worker)."""
+    serve(ALL_IN_ONE_APP, host=host, port=port, workers=1, factory=True)
+
+
+def all_in_one_app() -> Litestar:
+    """granian's factory: the API app whose lifespan also starts and stops the sweeper."""
+    settings = load_settings()
+    import_engine_modules(settings.engine_module_names)
+    loops: list[SweeperLoop] = []
+
+    def start_sweeper(app: Litestar) -> None:
+        loop = SweeperLoop(app.state.services.db, settings, in_process_wakeups=True)
+        loop.start()
+        loops.append(loop)
+
+    async def stop_sweeper() -> None:
+        # The drain blocks for up to TASKWARD_DRAIN_SECONDS: keep the event loop free.
+        for loop in loops:
+            await asyncio.to_thread(loop.stop)
+
+    return create_app(settings, on_startup=[start_sweeper], on_shutdown=[stop_sweeper])

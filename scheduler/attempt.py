@@ -1,0 +1,87 @@
+"""One claimed attempt as the threads around it see it: its claim, its deadline, and
+the flags other threads raise to stop it.
+
+The runner thread owns the attempt; the lease keeper raises `cancel` or `lost`, the
+worker pool raises `hand_back` at shutdown, and the engine polls `should_stop`. Every
+flag also drops a wake-up into the runner's inbox, so the runner reacts within one
+tick instead of waiting for the engine's next chunk.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from enum import StrEnum
+from typing import Any
+
+from core.clock import Clock
+from core.store.claims import Claim
+
+
+class Outcome(StrEnum):
+    """How an attempt ended; the sweep summary counts these."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    REQUEUED = "requeued"
+    DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
+    RELEASED = "released"
+    LOST = "lost"
+
+
+class StopReason(StrEnum):
+    LOST = "lost"
+    CANCEL = "cancel"
+    HAND_BACK = "hand_back"
+    TIMEOUT = "timeout"
+
+
+WAKE = object()  # an inbox item that carries nothing but "look at the flags"
+
+
+class Attempt:
+    def __init__(self, claim: Claim, *, clock: Clock, timeout_ms: int) -> None:
+        self.claim = claim
+        self.clock = clock
+        self.deadline_ms = clock.now_ms() + timeout_ms
+        self.renewed_at_ms = clock.now_ms()  # the claim itself set the lease
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._flags = {reason: threading.Event() for reason in
+                       (StopReason.LOST, StopReason.CANCEL, StopReason.HAND_BACK)}
+        self._ended = threading.Event()
+        self.engine_stopped = False  # set once `should_stop` has told the engine to stop
+        self.engine_thread: threading.Thread | None = None
+
+    @property
+    def task_id(self) -> str:
+        return self.claim.task_id
+
+    def raise_flag(self, reason: StopReason) -> None:
+        """Ask the attempt to stop (thread-safe, idempotent)."""
+        self._flags[reason].set()
+        self.inbox.put(WAKE)
+
+    def stop_reason(self) -> StopReason | None:
+        """Why the attempt must stop now, most binding reason first, or None.
+
+        A lost lease beats everything (nothing may be written any more); a cancel beats
+        a hand-back (the client asked for it); the timeout comes last.
+        """
+        for reason in (StopReason.LOST, StopReason.CANCEL, StopReason.HAND_BACK):
+            if self._flags[reason].is_set():
+                return reason
+        if self.clock.now_ms() >= self.deadline_ms:
+            return StopReason.TIMEOUT
+        return None
+
+    def end(self) -> None:
+        """The runner is done with this attempt (whatever the outcome): the engine stops."""
+        self._ended.set()
+
+    def should_stop(self) -> bool:
+        """The engine's poll between tokens."""
+        if not self._ended.is_set() and self.stop_reason() is None:
+            return False
+        self.engine_stopped = True
+        return True

@@ -1,0 +1,263 @@
+"""Running one claimed attempt to its outcome: decode, verify, load, generate, finish.
+
+The runner thread calling `execute` never blocks on the engine: loading and generation
+run on an engine thread that feeds the attempt's inbox, so flushes happen on time,
+stop flags are seen within one tick and the execution timeout holds even when an engine
+hangs. Every write is fenced by the store: `CancelRequested` ends in `cancelled`,
+`LeaseLost` ends the attempt without another write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from core.engines.base import (
+    Chunk,
+    Engine,
+    EngineError,
+    EngineOptions,
+    GenerationRequest,
+    ModelFile,
+)
+from core.engines.registry import engine_named
+from core.errors import CancelRequested, DomainError, LeaseLost
+from core.models_registry import verified_model_file
+from core.requests import generation_request
+from core.settings import Settings
+from core.store import claims
+from core.store.database import Database
+from scheduler.attempt import WAKE, Attempt, Outcome, StopReason
+from scheduler.backoff import retry_delay_ms
+from scheduler.output import Output
+
+log = logging.getLogger(__name__)
+
+INVALID_REQUEST = "invalid_request"
+ENGINE_ERROR = "engine_error"
+TIMEOUT = "timeout"
+_TICK_MS = 50  # longest the runner sleeps without looking at its flags
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """The engine thread finished loading the model."""
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """Generation returned (on its own, or because `should_stop` said so)."""
+
+
+@dataclass(frozen=True)
+class _Raised:
+    error: BaseException
+
+
+VerifyModel = Callable[[str], tuple[str, ModelFile]]
+
+
+def execute(
+    db: Database, settings: Settings, attempt: Attempt, *, verify: VerifyModel | None = None
+) -> Outcome:
+    """Run `attempt` and return how it ended. Never raises for a task's own failure.
+
+    `verify(model_id)` checks the model entry and file (default: `verified_model_file`
+    now); a worker passes one shared by the attempts of one claim batch. The engine
+    thread it starts is left on `attempt.engine_thread`: it normally ends with the
+    attempt, and whoever owns the attempt joins it (a hung engine included).
+    """
+    verify = verify or partial(verified_model_file, db, settings.models_dir)
+    try:
+        return _execute(db, settings, attempt, verify)
+    except CancelRequested:
+        return _finish_cancelled(db, attempt)
+    except LeaseLost:
+        return Outcome.LOST
+    finally:
+        attempt.end()
+
+
+def _execute(db: Database, settings: Settings, attempt: Attempt, verify: VerifyModel) -> Outcome:
+    claim = attempt.claim
+    try:
+        request = generation_request(json.loads(claim.request_json))
+    except Exception:  # noqa: BLE001  whatever is stored, it must not stop the sweeper
+        return _fail(db, attempt, INVALID_REQUEST, "the stored request cannot be decoded")
+    try:
+        engine_name, model_file = verify(claim.model)
+        engine = engine_named(engine_name, EngineOptions(threads=settings.engine_threads,
+                                                         cache_size=settings.model_cache_size))
+    except EngineError as exc:
+        return _engine_failed(db, settings, attempt, exc)
+    except DomainError as exc:  # unknown_engine: the registry names an engine we lack
+        return _fail(db, attempt, exc.code, exc.message)
+    snapshot = json.loads(claim.snapshot_json) if claim.snapshot_json else None
+    attempt.engine_thread = threading.Thread(
+        target=_produce, args=(engine, model_file, request, snapshot, attempt),
+        name=f"engine-{claim.task_id}", daemon=True)
+    attempt.engine_thread.start()
+    return _stream(db, settings, attempt)
+
+
+def _produce(
+    engine: Engine,
+    model_file: ModelFile,
+    request: GenerationRequest,
+    snapshot: dict[str, Any] | None,
+    attempt: Attempt,
+) -> None:
+    """The engine thread: every result, including a failure, goes to the inbox."""
+    try:
+        loaded = engine.load(model_file)
+        attempt.inbox.put(_Loaded())
+        for chunk in loaded.generate(request, snapshot, attempt.should_stop):
+            attempt.inbox.put(chunk)
+        attempt.inbox.put(_Ended())
+    except BaseException as exc:  # noqa: BLE001  handed to the runner, which decides
+        attempt.inbox.put(_Raised(exc))
+
+
+def _stream(db: Database, settings: Settings, attempt: Attempt) -> Outcome:
+    """Consume the engine's inbox until an outcome; flush on time and size.
+
+    `loading -> running` is not a transaction of its own: it rides with the first
+    flush, or with `complete` when generation ends before one, and at the latest one
+    flush interval after the model loaded. Clients see the same events in the same
+    order; a short task costs one write instead of two.
+    """
+    clock = db.clock
+    output = Output(attempt.claim, interval_ms=settings.flush_interval_ms,
+                    max_bytes=settings.flush_bytes, now_ms=clock.now_ms())
+    writes = _Writes(db, attempt, output, running=attempt.claim.resumed)
+    while True:
+        now = clock.now_ms()
+        wait_ms = min(_TICK_MS, max(0, attempt.deadline_ms - now), writes.ms_until_due(now))
+        try:
+            item = attempt.inbox.get(timeout=wait_ms / 1000)
+        except queue.Empty:
+            item = WAKE
+        reason = attempt.stop_reason()
+        # An engine that finished on its own completes even if a flag was raised just
+        # now: the fenced `complete` still honours a cancel or a lost lease.
+        natural_end = isinstance(item, _Ended) and not attempt.engine_stopped
+        if reason is not None and not natural_end:
+            return _stop(db, settings, attempt, writes, reason)
+        if isinstance(item, _Loaded):
+            writes.loaded(clock.now_ms() + settings.flush_interval_ms)
+        elif isinstance(item, Chunk):
+            output.add(item)
+        elif isinstance(item, _Ended):
+            writes.complete()
+            return Outcome.COMPLETED
+        elif isinstance(item, _Raised):
+            return _engine_raised(db, settings, attempt, item.error)
+        writes.when_due(clock.now_ms())
+
+
+class _Writes:
+    """The attempt's fenced writes of output, each carrying the pending start if any."""
+
+    def __init__(self, db: Database, attempt: Attempt, output: Output, *, running: bool) -> None:
+        self._db = db
+        self._attempt = attempt
+        self._output = output
+        self._running = running
+        self._start_by_ms: int | None = None
+
+    def loaded(self, start_by_ms: int) -> None:
+        if not self._running:
+            self._start_by_ms = start_by_ms
+
+    def ms_until_due(self, now: int) -> int:
+        due = [d for d in (self._output.ms_until_due(now), self._start_wait(now)) if d is not None]
+        return min(due, default=_TICK_MS)
+
+    def _start_wait(self, now: int) -> int | None:
+        if self._running or self._start_by_ms is None:
+            return None
+        return max(0, self._start_by_ms - now)
+
+    def when_due(self, now: int) -> None:
+        if self._output.flush_due(now):
+            self.flush(now)
+        elif self._start_wait(now) == 0:
+            claims.start_running(self._db, self._attempt.task_id, self._attempt.claim.owner_token)
+            self._running = True
+
+    def flush(self, now: int) -> None:
+        flush = self._output.take_flush(now)
+        if flush is not None:
+            claims.append_output(self._db, self._attempt.task_id,
+                                 self._attempt.claim.owner_token, flush.events,
+                                 text=flush.text, snapshot_json=flush.snapshot_json,
+                                 usage=flush.usage, start=not self._running)
+            self._running = True
+
+    def complete(self) -> None:
+        events, text = self._output.take_closing()
+        claims.complete(self._db, self._attempt.task_id, self._attempt.claim.owner_token,
+                        events, usage=self._output.usage, text=text, start=not self._running)
+
+
+def _stop(
+    db: Database, settings: Settings, attempt: Attempt, writes: _Writes, reason: StopReason
+) -> Outcome:
+    claim = attempt.claim
+    if reason is StopReason.LOST:
+        return Outcome.LOST
+    if reason is StopReason.CANCEL:
+        raise CancelRequested(claim.task_id)
+    if reason is StopReason.HAND_BACK:
+        writes.flush(db.clock.now_ms())  # a resume task keeps all it made
+        claims.release(db, claim.task_id, claim.owner_token)
+        return Outcome.RELEASED
+    return _retry(db, settings, attempt, TIMEOUT, "the attempt exceeded the execution timeout")
+
+
+def _engine_raised(
+    db: Database, settings: Settings, attempt: Attempt, error: BaseException
+) -> Outcome:
+    if isinstance(error, EngineError):
+        return _engine_failed(db, settings, attempt, error)
+    # The message may quote the prompt or output: log where it broke, store only the type.
+    log.error("task %s: engine raised %s\n%s", attempt.task_id, type(error).__name__,
+              "".join(traceback.format_tb(error.__traceback__)))
+    return _retry(db, settings, attempt, ENGINE_ERROR,
+                  f"the engine failed unexpectedly ({type(error).__name__})")
+
+
+def _engine_failed(
+    db: Database, settings: Settings, attempt: Attempt, error: EngineError
+) -> Outcome:
+    if error.retryable:
+        return _retry(db, settings, attempt, error.code, error.message)
+    return _fail(db, attempt, error.code, error.message)
+
+
+def _retry(db: Database, settings: Settings, attempt: Attempt, code: str, message: str) -> Outcome:
+    delay = retry_delay_ms(attempt.claim.attempt, base_seconds=settings.backoff_base_seconds,
+                           max_seconds=settings.backoff_max_seconds)
+    requeued = claims.requeue(db, attempt.task_id, attempt.claim.owner_token, delay_ms=delay,
+                              code=code, message=message)
+    return Outcome.REQUEUED if requeued else Outcome.DEAD_LETTERED
+
+
+def _fail(db: Database, attempt: Attempt, code: str, message: str) -> Outcome:
+    claims.fail(db, attempt.task_id, attempt.claim.owner_token, code, message)
+    return Outcome.FAILED
+
+
+def _finish_cancelled(db: Database, attempt: Attempt) -> Outcome:
+    try:
+        claims.finish_cancelled(db, attempt.task_id, attempt.claim.owner_token)
+    except LeaseLost:
+        return Outcome.LOST
+    return Outcome.CANCELLED

@@ -1,0 +1,78 @@
+"""The lease keeper: one thread per worker process renewing the leases it holds.
+
+It runs apart from every runner and engine thread, so a slow model step or a long
+flush never starves a lease (the lease is also much longer than the heartbeat period).
+Its answers feed back into the attempts: `cancelling` raises the cancel flag, a renewal
+that changes nothing raises `lost`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from core.errors import LeaseLost
+from core.states import Status
+from core.store import claims
+from core.store.database import Database
+from scheduler.attempt import Attempt, StopReason
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    def __init__(
+        self, db: Database, *, lease_ms: int, heartbeat_ms: int, tick_seconds: float = 0.1
+    ) -> None:
+        self._db = db
+        self._lease_ms = lease_ms
+        self._heartbeat_ms = heartbeat_ms
+        self._tick = tick_seconds
+        self._held: dict[str, Attempt] = {}
+        self._failing: set[str] = set()  # tasks whose last renewal failed (logged once)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def hold(self, attempt: Attempt) -> None:
+        with self._lock:
+            self._held[attempt.task_id] = attempt
+
+    def drop(self, attempt: Attempt) -> None:
+        with self._lock:
+            if self._held.get(attempt.task_id) is attempt:
+                del self._held[attempt.task_id]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick):
+            with self._lock:
+                held = list(self._held.values())
+            for attempt in held:
+                if self._db.clock.now_ms() - attempt.renewed_at_ms >= self._heartbeat_ms:
+                    self._renew(attempt)
+
+    def _renew(self, attempt: Attempt) -> None:
+        """One heartbeat; a database error is logged and retried on the next tick."""
+        try:
+            status = claims.heartbeat(self._db, attempt.task_id, attempt.claim.owner_token,
+                                      lease_ms=self._lease_ms)
+        except LeaseLost:
+            attempt.raise_flag(StopReason.LOST)
+            return
+        except Exception as exc:  # noqa: BLE001  the store is unreachable: keep trying
+            if attempt.task_id not in self._failing:
+                log.warning("heartbeat for task %s failed (%s); retrying every tick",
+                            attempt.task_id, type(exc).__name__)
+                self._failing.add(attempt.task_id)
+            return
+        self._failing.discard(attempt.task_id)
+        attempt.renewed_at_ms = self._db.clock.now_ms()
+        if status is Status.CANCELLING:
+            attempt.raise_flag(StopReason.CANCEL)

@@ -1,0 +1,141 @@
+"""The long-running sweeper: continuous claiming plus maintenance passes on a cron timer.
+
+Claiming runs on its own thread and sleeps on one wake-up event, set by a PostgreSQL
+NOTIFY, by an in-process enqueue, by a freed slot or by the poll timeout, so a new task
+starts within milliseconds of its commit. Maintenance (expired leases, orphaned
+cancels, retention) runs on a second thread at the times `TASKWARD_SWEEP_SCHEDULE`
+names, and once at start so leftovers of a crash are picked up at once.
+
+`stop` is the graceful stop of SPEC section 4: no new claims, running attempts drain
+until `TASKWARD_DRAIN_SECONDS`, what is left is handed back. Every thread started here
+is joined there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from croniter import croniter
+
+from core.clock import Clock
+from core.settings import Settings
+from core.store.database import Database
+from scheduler.sweep import maintain
+from scheduler.wakeups import PgListener
+from scheduler.workers import Workers
+
+log = logging.getLogger(__name__)
+
+_PUSHED_POLL_SECONDS = 1.0  # with push wake-ups, polling only finds `run_at` arrivals
+_ERROR_PAUSE_SECONDS = 1.0
+
+
+def next_pass_ms(schedule: str, after_ms: int) -> int:
+    """The first slot of `schedule` (5-field cron, UTC) strictly after `after_ms`."""
+    start = datetime.fromtimestamp(after_ms / 1000, tz=UTC)
+    return int(croniter(schedule, start).get_next(datetime).timestamp() * 1000)
+
+
+class MaintenanceTimer:
+    """Calls `run` once at start and then at every slot of `schedule`.
+
+    Time comes from `clock`; `poll` holds the whole decision, so tests drive it under a
+    frozen clock (freezegun) without the thread, which only polls every `tick_seconds`.
+    """
+
+    def __init__(
+        self, schedule: str, clock: Clock, run: Callable[[], object], *, tick_seconds: float = 1.0
+    ) -> None:
+        self._schedule = schedule
+        self._clock = clock
+        self._run_pass = run
+        self._tick = tick_seconds
+        self._due_ms: int | None = None  # None: the start pass has not run yet
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="maintenance", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def poll(self) -> bool:
+        """Run the pass if it is due; True when it ran. A pass that overran the next
+        slot does not run twice: the following slot is counted from its end."""
+        if self._due_ms is not None and self._clock.now_ms() < self._due_ms:
+            return False
+        self._pass()
+        self._due_ms = next_pass_ms(self._schedule, self._clock.now_ms())
+        return True
+
+    def _run(self) -> None:
+        self.poll()
+        while not self._stop.wait(self._tick):
+            self.poll()
+
+    def _pass(self) -> None:
+        try:
+            self._run_pass()
+        except Exception:  # a failed pass is retried at the next slot, never fatal
+            log.exception("maintenance pass failed")
+
+
+class SweeperLoop:
+    def __init__(
+        self, db: Database, settings: Settings, *, in_process_wakeups: bool = False
+    ) -> None:
+        self._db = db
+        self._settings = settings
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._workers: Workers | None = None
+        self._listener = None if db.is_sqlite else PgListener(settings.database_url, self._wake)
+        if in_process_wakeups:
+            db.add_work_listener(self._wake.set)
+        pushed = in_process_wakeups or self._listener is not None
+        poll = settings.poll_interval_ms / 1000
+        self._idle_wait = max(poll, _PUSHED_POLL_SECONDS) if pushed else poll
+        self._maintenance = MaintenanceTimer(settings.sweep_schedule, db.clock,
+                                             lambda: self._log_pass(maintain(db, settings)))
+        self._claimer = threading.Thread(target=self._claim_loop, name="claimer", daemon=True)
+
+    def start(self) -> None:
+        self._workers = Workers(self._db, self._settings, on_slot_freed=self._wake.set)
+        if self._listener is not None:
+            self._listener.start()
+        self._maintenance.start()
+        self._claimer.start()
+
+    def stop(self) -> None:
+        """Graceful stop; returns once every thread of the loop has ended."""
+        self._stopping.set()
+        self._wake.set()
+        self._claimer.join()
+        if self._listener is not None:
+            self._listener.stop()
+        self._maintenance.stop()
+        if self._workers is not None:
+            self._workers.stop(drain_seconds=self._settings.drain_seconds)
+
+    def _claim_loop(self) -> None:
+        assert self._workers is not None
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                started = self._workers.claim()
+            except Exception:
+                log.exception("claim failed; retrying")
+                self._stopping.wait(_ERROR_PAUSE_SECONDS)
+                continue
+            if started:
+                continue  # more may be due; with no free slot a claim costs nothing
+            self._wake.wait(self._idle_wait)
+
+    @staticmethod
+    def _log_pass(summary: dict[str, object]) -> None:
+        log.info("maintenance pass: %s", summary)

@@ -1,0 +1,113 @@
+"""The output of one attempt: chunks batched into delta events, and the item/part events
+around them (SPEC 3.2, OpenAI Responses streaming shapes).
+
+Flushing by time and by size keeps the event log from costing one transaction per
+token. Each flush carries the engine's latest snapshot with the text it covers, so a
+resumed task continues exactly after what its clients have seen. The item and part are
+opened in the same transaction as the first delta: a stored snapshot therefore means
+"already opened", which is how a resumed attempt knows not to open them again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from core.engines.base import Chunk, Usage
+from core.objects import item_id, message_item, output_text_part
+from core.store.claims import Claim
+from core.store.transitions import Event
+
+
+@dataclass(frozen=True)
+class Flush:
+    """What one `append_output` call writes."""
+
+    events: list[Event]
+    text: str
+    snapshot_json: str
+    usage: Usage
+
+
+class Output:
+    def __init__(self, claim: Claim, *, interval_ms: int, max_bytes: int, now_ms: int) -> None:
+        self._task_id = claim.task_id
+        self._item_id = item_id(claim.task_id)
+        self._opened = claim.snapshot_json is not None
+        self._stored = claim.output_text  # all text in the log so far (resumed: the stored)
+        self._pending: list[str] = []
+        self._pending_bytes = 0
+        self._snapshot: dict[str, object] | None = None
+        self.usage = claim.usage
+        self._interval_ms = interval_ms
+        self._max_bytes = max_bytes
+        self._last_flush_ms = now_ms
+
+    def add(self, chunk: Chunk) -> None:
+        if chunk.text:
+            self._pending.append(chunk.text)
+            self._pending_bytes += len(chunk.text.encode())
+        self._snapshot = chunk.snapshot
+        self.usage = chunk.usage
+
+    def flush_due(self, now_ms: int) -> bool:
+        """Text is waiting and either enough of it or enough time has gathered."""
+        return bool(self._pending) and (
+            self._pending_bytes >= self._max_bytes
+            or now_ms - self._last_flush_ms >= self._interval_ms
+        )
+
+    def ms_until_due(self, now_ms: int) -> int | None:
+        """How long until a time-based flush, None when nothing is waiting."""
+        if not self._pending:
+            return None
+        return max(0, self._last_flush_ms + self._interval_ms - now_ms)
+
+    def take_flush(self, now_ms: int) -> Flush | None:
+        """The pending text as one delta event (opening item/part first if needed)."""
+        self._last_flush_ms = now_ms
+        if not self._pending:
+            return None
+        opening = self._opening()
+        delta, text = self._delta()
+        assert self._snapshot is not None  # a chunk with text always brings one
+        return Flush(opening + delta, text, json.dumps(self._snapshot, separators=(",", ":")),
+                     self.usage)
+
+    def take_closing(self) -> tuple[list[Event], str]:
+        """Pending deltas plus the done events for `complete`, and the text they add."""
+        opening = self._opening()
+        delta, text = self._delta()
+        events = opening + delta
+        full = self._stored
+        content = {"item_id": self._item_id, "output_index": 0, "content_index": 0}
+        events += [
+            Event("response.output_text.done", {**content, "text": full}),
+            Event("response.content_part.done", {**content, "part": output_text_part(full)}),
+            Event("response.output_item.done", {
+                "output_index": 0, "item": message_item(self._task_id, full, done=True)}),
+        ]
+        return events, text
+
+    def _opening(self) -> list[Event]:
+        if self._opened:
+            return []
+        self._opened = True
+        return [
+            Event("response.output_item.added", {
+                "output_index": 0, "item": message_item(self._task_id, "", done=False)}),
+            Event("response.content_part.added", {
+                "item_id": self._item_id, "output_index": 0, "content_index": 0,
+                "part": output_text_part("")}),
+        ]
+
+    def _delta(self) -> tuple[list[Event], str]:
+        if not self._pending:
+            return [], ""
+        text = "".join(self._pending)
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._stored += text
+        return [Event("response.output_text.delta", {
+            "item_id": self._item_id, "output_index": 0, "content_index": 0, "delta": text})], text
+

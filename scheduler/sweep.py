@@ -1,0 +1,45 @@
+"""One sweeper pass: the steps of SPEC section 8, in order, each bounded.
+
+1. expired leases get their task's restart policy;
+2. due and resumable tasks are claimed into free slots and executed;
+3. `cancelling` tasks whose worker is gone are finalised;
+4. due schedules fire;
+5. retention cleanup.
+
+Every step is safe while other sweepers run (claims skip locked rows, every
+transition is conditional), so `taskward sweep` may overlap a running loop. The loop
+runs the same maintenance steps on its croniter timer and claims continuously instead
+of step 2.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from core.settings import Settings
+from core.store.database import Database
+from scheduler import leases, retention
+from scheduler.claiming import execute_due
+from scheduler.fire_schedules import fire_due
+
+
+def sweep_once(db: Database, settings: Settings, *, stop: threading.Event) -> dict[str, Any]:
+    """Run one pass; the summary `taskward sweep --json` prints."""
+    summary: dict[str, Any] = {"expired": leases.expire(db)}
+    summary.update(execute_due(db, settings, stop=stop))
+    summary.update(_after_execution(db, settings))
+    return summary
+
+
+def maintain(db: Database, settings: Settings) -> dict[str, Any]:
+    """The pass without step 2, for the loop's timer."""
+    return {"expired": leases.expire(db), **_after_execution(db, settings)}
+
+
+def _after_execution(db: Database, settings: Settings) -> dict[str, Any]:
+    return {
+        "finalised": leases.finalise_cancels(db),
+        "schedules_fired": fire_due(db, settings),
+        "retention": retention.clean(db, settings),
+    }

@@ -1,0 +1,155 @@
+"""A worker process's execution slots: claims into free slots, runner threads, leases.
+
+`TASKWARD_WORKER_CONCURRENCY` slots; a claim never takes more tasks than there are
+free slots, since a claimed task waiting in memory would hold a lease nobody works on.
+Every thread here has an owner: runner threads belong to the executor, engine threads
+to their attempts, the lease keeper to the pool, and `stop` ends them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+from core.engines.base import EngineError, ModelFile
+from core.models_registry import verified_model_file
+from core.settings import Settings
+from core.store import claims
+from core.store.database import Database
+from scheduler.attempt import Attempt, Outcome, StopReason
+from scheduler.execute import VerifyModel, execute
+from scheduler.heartbeat import LeaseKeeper
+
+log = logging.getLogger(__name__)
+
+_HAND_BACK_GRACE_SECONDS = 10  # for runners to write their releases after the drain
+_ENGINE_JOIN_SECONDS = 5  # an engine that ignores `should_stop` is left to process exit
+
+
+class Workers:
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        *,
+        on_slot_freed: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._db = db
+        self._settings = settings
+        self._on_slot_freed = on_slot_freed
+        self._slots = settings.worker_concurrency
+        self._active: dict[str, Attempt] = {}
+        self._engines: list[Attempt] = []  # attempts whose engine thread may still run
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self.outcomes: Counter[str] = Counter()
+        self.claimed = 0
+        self._keeper = LeaseKeeper(db, lease_ms=int(settings.lease_seconds * 1000),
+                                   heartbeat_ms=int(settings.heartbeat_seconds * 1000))
+        self._executor = ThreadPoolExecutor(max_workers=self._slots,
+                                            thread_name_prefix="taskward-runner")
+        self._keeper.start()
+
+    def free_slots(self) -> int:
+        with self._lock:
+            return self._slots - len(self._active)
+
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._active)
+
+    def claim(self) -> int:
+        """Claim due work into the free slots and start it; returns how many started."""
+        free = self.free_slots()
+        if free <= 0:
+            return 0
+        taken = claims.claim(self._db, limit=free,
+                             lease_ms=int(self._settings.lease_seconds * 1000),
+                             node_id=self._settings.node_id)
+        timeout_ms = int(self._settings.task_timeout_seconds * 1000)
+        verify = verified_once(partial(verified_model_file, self._db, self._settings.models_dir))
+        for claim in taken:
+            attempt = Attempt(claim, clock=self._db.clock, timeout_ms=timeout_ms)
+            with self._lock:
+                self._active[claim.task_id] = attempt
+                self.claimed += 1
+            self._keeper.hold(attempt)
+            self._executor.submit(self._run, attempt, verify)
+        return len(taken)
+
+    def _run(self, attempt: Attempt, verify: VerifyModel) -> None:
+        try:
+            outcome = execute(self._db, self._settings, attempt, verify=verify)
+        except Exception:  # a database outage: the lease will expire and policy applies
+            log.exception("task %s: attempt abandoned", attempt.task_id)
+            outcome = Outcome.LOST
+        finally:
+            self._keeper.drop(attempt)
+        with self._lock:
+            del self._active[attempt.task_id]
+            self.outcomes[outcome] += 1
+            self._engines = [a for a in self._engines
+                             if a.engine_thread is not None and a.engine_thread.is_alive()]
+            if attempt.engine_thread is not None and attempt.engine_thread.is_alive():
+                self._engines.append(attempt)
+            self._idle.notify_all()
+        self._on_slot_freed()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no attempt runs; False when `timeout` passed first."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._active:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+            return True
+
+    def stop(self, *, drain_seconds: float) -> None:
+        """Graceful stop (the caller has stopped claiming): let running attempts finish
+        for `drain_seconds`, then hand the rest back (attempt refunded, snapshot kept)."""
+        if not self.wait_idle(drain_seconds):
+            with self._lock:
+                left = list(self._active.values())
+            log.info("handing back %d unfinished task(s)", len(left))
+            for attempt in left:
+                attempt.raise_flag(StopReason.HAND_BACK)
+            if not self.wait_idle(_HAND_BACK_GRACE_SECONDS):
+                log.warning("runners still busy after the hand-back; their leases will expire")
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._keeper.stop()
+        with self._lock:
+            engines = [a.engine_thread for a in self._engines if a.engine_thread is not None]
+        deadline = time.monotonic() + _ENGINE_JOIN_SECONDS
+        for thread in engines:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.warning("engine thread %s ignores should_stop; left to process exit",
+                            thread.name)
+
+
+def verified_once(verify: VerifyModel) -> VerifyModel:
+    """`verify`, run at most once per model id: the attempts of one claim batch share
+    the answer (an error included), saving a read and a stat per task."""
+    answers: dict[str, tuple[str, ModelFile] | EngineError] = {}
+    lock = threading.Lock()
+
+    def check(model_id: str) -> tuple[str, ModelFile]:
+        with lock:
+            if model_id not in answers:
+                try:
+                    answers[model_id] = verify(model_id)
+                except EngineError as exc:
+                    answers[model_id] = exc
+            answer = answers[model_id]
+        if isinstance(answer, EngineError):
+            raise EngineError(answer.code, answer.message, retryable=answer.retryable)
+        return answer
+
+    return check

@@ -1,0 +1,78 @@
+"""The long-running loop: cron-timed maintenance, wake-ups, and its graceful stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+
+from freezegun import freeze_time
+
+from core.clock import Clock
+from core.settings import Settings
+from core.states import Status
+from core.store.database import Database
+from scheduler.loop import MaintenanceTimer, SweeperLoop, next_pass_ms
+from tests.scheduler.helpers import streamed_text
+from tests.scheduler.processes import wait_until
+from tests.store.helpers import event_types, events_of, new_task, task_row
+
+
+def ms(text: str) -> int:
+    return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
+
+
+def test_the_next_pass_is_the_first_cron_slot_strictly_after_now() -> None:
+    assert next_pass_ms("* * * * *", ms("2026-03-01 12:00:30")) == ms("2026-03-01 12:01:00")
+    assert next_pass_ms("* * * * *", ms("2026-03-01 12:01:00")) == ms("2026-03-01 12:02:00")
+    assert next_pass_ms("*/15 * * * *", ms("2026-03-01 12:01:00")) == ms("2026-03-01 12:15:00")
+    assert next_pass_ms("0 3 * * *", ms("2026-03-01 12:01:00")) == ms("2026-03-02 03:00:00")
+
+
+def test_maintenance_runs_at_start_and_then_once_per_cron_slot() -> None:
+    passes: list[str] = []
+    with freeze_time("2026-03-01 12:00:30") as frozen:
+        timer = MaintenanceTimer("* * * * *", Clock(),
+                                 lambda: passes.append(datetime.now(UTC).strftime("%M:%S")))
+        polls = []
+        for step in (0, 20, 10, 59, 1, 0):
+            frozen.tick(step)
+            polls.append(timer.poll())
+    assert polls == [True, False, True, False, True, False]
+    assert passes == ["00:30", "01:00", "02:00"]
+
+
+def test_a_new_task_starts_within_a_fraction_of_a_second_without_polling(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    # SQLite: the API's in-process wake-up; PostgreSQL: LISTEN/NOTIFY. Polling alone
+    # would take a full second here (the poll slows down when a push source exists).
+    loop = SweeperLoop(db, fast, in_process_wakeups=db.is_sqlite)
+    loop.start()
+    try:
+        time.sleep(0.5)  # let the start pass and the LISTEN connection settle
+        task_id = new_task(db, model_id)
+        wait_until(lambda: task_row(db, task_id).status == Status.COMPLETED, timeout=5,
+                   what="completion")
+        created, loading = [e.created_at for e in events_of(db, task_id)[:2]]
+        assert loading - created < 300
+    finally:
+        loop.stop()
+
+
+def test_stopping_the_loop_hands_back_unfinished_work_and_ends_every_thread(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    before = set(threading.enumerate())
+    task_id = new_task(db, model_id, input="words=1000 delay=0.01")
+    loop = SweeperLoop(db, fast.model_copy(update={"drain_seconds": 0.3}))
+    loop.start()
+    wait_until(lambda: streamed_text(db, task_id), timeout=10, what="some output")
+
+    loop.stop()
+
+    row = task_row(db, task_id)
+    assert (row.status, row.attempts) == (Status.QUEUED, 0)
+    assert event_types(db, task_id)[-1] == "response.queued"
+    leftover = [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert leftover == []
