@@ -1,7 +1,187 @@
-"""Operator commands: pair, clients, models, tasks, dead-letters."""
+"""Operator commands: pair, clients, models, tasks, dead-letters.
+
+They work on the store directly (an operator on the machine needs no token) through
+the same core functions the API calls, so a CLI answer and an API answer agree. Each
+prints a table, or one JSON document with `--json`.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-COMMANDS: list[click.Command] = []
+from core.clients import (
+    ADMIN,
+    DEFAULT_CLIENT_NAME,
+    DEFAULT_SCOPES,
+    client_object,
+    create_client,
+    create_pairing_code,
+    list_clients,
+    parse_scopes,
+    revoke,
+)
+from core.model_files import DEFAULT_ENGINE
+from core.models_registry import list_models, register, remove
+from core.objects import model_object, task_object
+from core.states import Status
+from core.store.tasks import cancel, get_task, list_tasks
+from handlers.dead_letters import retry_as_new
+from infra.cli.context import database, domain_errors, emit, settings_or_exit
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+_TASK_COLUMNS = ("id", "status", "model", "client_id", "attempts", "created_at", "error")
+
+
+@click.command()
+@click.option("--admin", is_flag=True, help="Grant the admin scope (everything).")
+@click.option("--scopes", default=None, metavar="S,S",
+              help="Comma-separated scopes (default: " + ",".join(sorted(DEFAULT_SCOPES)) + ").")
+@click.option("--name", default=None, help="The client's name.")
+@click.option("--token", "direct", is_flag=True,
+              help="Create the client now and print its token instead of a pairing code.")
+@_JSON
+def pair(admin: bool, scopes: str | None, name: str | None, direct: bool, as_json: bool) -> None:
+    """A one-time pairing code for a new client (`POST /v1/pair`), or a token at once."""
+    settings = settings_or_exit()
+    with database(settings) as db, domain_errors():
+        granted = frozenset({ADMIN}) if admin else (
+            parse_scopes(scopes.split(",")) if scopes is not None else DEFAULT_SCOPES)
+        if direct:
+            issued = create_client(db, name=name or ("admin" if admin else DEFAULT_CLIENT_NAME),
+                                   scopes=granted)
+            emit(issued.public(), as_json=as_json)
+        else:
+            code = create_pairing_code(db, scopes=granted, name=name,
+                                       ttl_seconds=settings.pairing_code_ttl_seconds)
+            emit(code.public(), as_json=as_json)
+
+
+@click.group()
+def clients() -> None:
+    """Paired clients."""
+
+
+@clients.command("list")
+@_JSON
+def clients_list(as_json: bool) -> None:
+    settings = settings_or_exit()
+    with database(settings) as db, db.read() as conn:
+        rows = [client_object(row) for row in list_clients(conn)]
+    emit(rows, as_json=as_json, columns=("id", "name", "scopes", "created_at", "revoked_at"))
+
+
+@clients.command("revoke")
+@click.argument("client_id")
+def clients_revoke(client_id: str) -> None:
+    """Refuse the client's token from now on."""
+    settings = settings_or_exit()
+    with database(settings) as db, domain_errors():
+        revoke(db, client_id)
+    click.echo(f"revoked {client_id}")
+
+
+@click.group()
+def models() -> None:
+    """The model registry (files stay on disk)."""
+
+
+@models.command("add")
+@click.argument("path")
+@click.option("--id", "model_id", default=None, help="Default: the file name without extension.")
+@click.option("--engine", default=DEFAULT_ENGINE, show_default=True)
+@_JSON
+def models_add(path: str, model_id: str | None, engine: str, as_json: bool) -> None:
+    """Register PATH (from the current directory, else from the models directory)."""
+    settings = settings_or_exit()
+    given = Path(path)
+    located = given.absolute() if given.exists() else given
+    with database(settings) as db, domain_errors():
+        row = register(db, settings.models_dir, located, model_id=model_id, engine=engine)
+    emit(model_object(row), as_json=as_json)
+
+
+@models.command("list")
+@_JSON
+def models_list(as_json: bool) -> None:
+    settings = settings_or_exit()
+    with database(settings) as db, db.read() as conn:
+        rows = [model_object(row) for row in list_models(conn)]
+    emit(rows, as_json=as_json, columns=("id", "engine", "path", "size_bytes", "sha256"))
+
+
+@models.command("remove")
+@click.argument("model_id")
+def models_remove(model_id: str) -> None:
+    """Remove the entry; the file is kept."""
+    settings = settings_or_exit()
+    with database(settings) as db, domain_errors():
+        remove(db, model_id)
+    click.echo(f"removed {model_id}")
+
+
+@click.group()
+def tasks() -> None:
+    """Tasks of every client."""
+
+
+@tasks.command("list")
+@click.option("--status", type=click.Choice([s.value for s in Status]), default=None)
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@_JSON
+def tasks_list(status: str | None, limit: int, as_json: bool) -> None:
+    settings = settings_or_exit()
+    with database(settings) as db, db.read() as conn:
+        rows, _ = list_tasks(conn, None, status=Status(status) if status else None, limit=limit)
+    emit([task_object(row) for row in rows], as_json=as_json, columns=_TASK_COLUMNS)
+
+
+@tasks.command("show")
+@click.argument("task_id")
+@_JSON
+def tasks_show(task_id: str, as_json: bool) -> None:
+    settings = settings_or_exit()
+    with database(settings) as db, domain_errors(), db.read() as conn:
+        row = get_task(conn, task_id, None)
+    emit(task_object(row), as_json=as_json)
+
+
+@tasks.command("cancel")
+@click.argument("task_id")
+@_JSON
+def tasks_cancel(task_id: str, as_json: bool) -> None:
+    """Cancel a queued task at once, or ask the worker of a running one to stop."""
+    settings = settings_or_exit()
+    with database(settings) as db, domain_errors():
+        outcome = cancel(db, task_id, None)
+    emit(task_object(outcome.task), as_json=as_json, columns=_TASK_COLUMNS)
+
+
+@click.group("dead-letters")
+def dead_letters() -> None:
+    """Failed tasks whose attempts are spent."""
+
+
+@dead_letters.command("list")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@_JSON
+def dead_letters_list(limit: int, as_json: bool) -> None:
+    settings = settings_or_exit()
+    with database(settings) as db, db.read() as conn:
+        rows, _ = list_tasks(conn, None, dead_lettered=True, limit=limit)
+    emit([task_object(row) for row in rows], as_json=as_json, columns=_TASK_COLUMNS)
+
+
+@dead_letters.command("retry")
+@click.argument("task_id")
+@_JSON
+def dead_letters_retry(task_id: str, as_json: bool) -> None:
+    """Run a failed task's request again as a new task."""
+    settings = settings_or_exit()
+    with database(settings) as db, domain_errors():
+        row = retry_as_new(db, task_id, settings.max_attempts_default)
+    emit(task_object(row), as_json=as_json, columns=_TASK_COLUMNS)
+
+
+COMMANDS: list[click.Command] = [pair, clients, models, tasks, dead_letters]

@@ -1,0 +1,107 @@
+"""The Litestar application: routes, authentication, problem documents, the live tail.
+
+`create_app` is the one place that wires the HTTP layer to a store. Handlers keep no
+state between requests; what a process shares (`Services`) is its database engine, its
+settings, the live-tail poller, the token cache and the group-commit enqueuer. `taskward serve` runs it under granian (a factory, one app
+per worker); `taskward run` adds its sweeper through `on_startup`/`on_shutdown`.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+
+from core.settings import Settings, load_settings
+from handlers import clients, dead_letters, health, models, responses, schedules, tasks
+from handlers.auth import bearer_auth
+from handlers.enqueuing import Enqueuer
+from handlers.errors import problem_details_plugin
+from handlers.live import LiveTail
+from handlers.services import Services
+from handlers.tokens import TokenCache
+from infra.db import open_database
+from infra.migrate import check_schema
+
+LifespanHook = Callable[..., Any]
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    on_startup: Sequence[LifespanHook] = (),
+    on_shutdown: Sequence[LifespanHook] = (),
+) -> Litestar:
+    """The API for `settings` (default: read from the environment and taskward.toml).
+
+    `on_startup` hooks run after the store and the live tail are ready; `on_shutdown`
+    hooks run before they close. Each hook may take the app as its one argument.
+    """
+    settings = settings or load_settings()
+    db = open_database(settings)
+    tail = LiveTail(db, interval_seconds=settings.poll_interval_ms / 1000)
+
+    def readiness() -> None:
+        check_schema(db.engine)
+
+    # Probes call `readiness` every few seconds; alembic would log two lines each time.
+    logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
+
+    async def close() -> None:
+        gc.unfreeze()  # what `settle_memory` hid may be garbage once the app is gone
+        await tail.stop()
+        db.dispose()
+
+    def settle_memory() -> None:
+        """Hide what start-up built from the garbage collector until shutdown.
+
+        Modules, route tables and SQLAlchemy's statement caches live as long as the
+        app; a full collection would walk all of them again and again, pausing
+        requests for tens of milliseconds (measured: POST p99 about 95 -> 55 ms).
+        """
+        gc.freeze()
+
+    tokens = TokenCache(db, recheck_seconds=settings.poll_interval_ms / 1000)
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=int(settings.idempotency_ttl_hours * 3_600_000))
+    services = Services(db=db, settings=settings, tail=tail, enqueuer=enqueuer, tokens=tokens,
+                        readiness=readiness)
+
+    return Litestar(
+        route_handlers=[*health.ROUTES, *clients.ROUTES, *models.ROUTES, *responses.ROUTES,
+                        *tasks.ROUTES, *dead_letters.ROUTES, *schedules.ROUTES],
+        dependencies={"services": Provide(lambda: services, sync_to_thread=False,
+                                          use_cache=True)},
+        middleware=[bearer_auth()],
+        plugins=[problem_details_plugin()],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=_openapi(),
+        on_startup=[tail.start, *on_startup, settle_memory],
+        on_shutdown=[*on_shutdown, close],
+        state=State({"services": services}),
+    )
+
+
+def _openapi() -> OpenAPIConfig:
+    try:
+        release = version("taskward")
+    except PackageNotFoundError:
+        release = "0"
+    return OpenAPIConfig(
+        title="taskward",
+        version=release,
+        description="A durable asynchronous task service for model inference.",
+        path="/schema",
+        security=[{"bearer": []}],
+        components=Components(security_schemes={
+            "bearer": SecurityScheme(type="http", scheme="bearer",
+                                     description="a client token from `POST /v1/pair`"),
+        }),
+    )

@@ -1,0 +1,74 @@
+"""Group commit for `POST /v1/responses`: requests that wait together commit together.
+
+Each request is answered only after the transaction holding its task has committed,
+exactly as with a plain `enqueue`; what changes is that the requests that arrived while
+the previous commit was in flight share the next one (`core.store.tasks.enqueue_many`).
+Under load a commit then carries tens of tasks for the price of one fsync; alone, a
+request commits by itself at once (there is no waiting for company). One drain loop
+per process keeps at most one batch in flight, so batches grow with the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from core.idempotency import IdempotencyClaim
+from core.store.database import Database
+from core.store.tasks import Enqueued, NewTask, enqueue, enqueue_many
+from handlers.threads import writing
+
+MAX_BATCH = 128
+
+_Pending = tuple[NewTask, IdempotencyClaim | None, "asyncio.Future[Enqueued]"]
+
+
+class Enqueuer:
+    def __init__(self, db: Database, *, idempotency_ttl_ms: int) -> None:
+        self._db = db
+        self._ttl_ms = idempotency_ttl_ms
+        self._pending: list[_Pending] = []
+        self._drainer: asyncio.Task[None] | None = None  # held: the loop keeps tasks weakly
+
+    async def enqueue(self, new: NewTask, claim: IdempotencyClaim | None) -> Enqueued:
+        """What `core.store.tasks.enqueue` answers, once the task is committed."""
+        answer: asyncio.Future[Enqueued] = asyncio.get_running_loop().create_future()
+        self._pending.append((new, claim, answer))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+        return await answer
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            requests = [(new, claim) for new, claim, _ in batch]
+            try:
+                outcomes = await writing(self._db, self._commit, requests)
+            except Exception as exc:  # noqa: BLE001 - the batch failed: each request hears why
+                outcomes = [exc] * len(batch)
+            for (_, _, answer), outcome in zip(batch, outcomes):
+                if answer.done():  # the client went away
+                    continue
+                if isinstance(outcome, Exception):
+                    answer.set_exception(outcome)
+                else:
+                    answer.set_result(outcome)
+
+    def _commit(
+        self, requests: list[tuple[NewTask, IdempotencyClaim | None]]
+    ) -> list[Enqueued | Exception]:
+        """Runs on the writer thread: the batch, then each request it left alone."""
+        if len(requests) == 1:
+            done: list[Enqueued | None] = [None]
+        else:
+            done = enqueue_many(self._db, requests, idempotency_ttl_ms=self._ttl_ms)
+        outcomes: list[Enqueued | Exception] = []
+        for (new, claim), answer in zip(requests, done):
+            if answer is None:
+                try:
+                    answer = enqueue(self._db, new, idempotency=claim,
+                                     idempotency_ttl_ms=self._ttl_ms)
+                except Exception as exc:  # noqa: BLE001 - answered to its own request
+                    outcomes.append(exc)
+                    continue
+            outcomes.append(answer)
+        return outcomes

@@ -1,0 +1,133 @@
+"""Every failure becomes one RFC 9457 problem document, in this one place.
+
+`problem_of` maps domain errors, Litestar's HTTP errors and anything unexpected to
+`{"type", "title", "status", "detail", "code", ...}` served as
+`application/problem+json` through Litestar's problem-details plugin. `code` sits at
+the top level, where OpenAI's SDK error classes read it. Details are written here or
+by the domain, never copied from the request, so no prompt, output or token is ever
+echoed. Answers that repeating cannot fix carry `x-should-retry: false`, which tells
+OpenAI's SDKs not to retry them.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions.base_exceptions import SerializationException
+from litestar.plugins.problem_details import (
+    ProblemDetailsConfig,
+    ProblemDetailsException,
+    ProblemDetailsPlugin,
+)
+from sqlalchemy import Row
+from sqlalchemy.exc import DataError, OperationalError
+
+from core.errors import DomainError, Unauthorized
+from core.objects import task_object
+
+log = logging.getLogger("taskward.http")
+
+_RETRYABLE_4XX = frozenset({408, 429})
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "too_many_requests",
+}
+_MAX_LISTED_ERRORS = 10
+
+
+def problem_details_plugin() -> ProblemDetailsPlugin:
+    return ProblemDetailsPlugin(ProblemDetailsConfig(
+        exception_to_problem_detail_map={Exception: problem_of},
+    ))
+
+
+def problem(
+    status: int,
+    code: str,
+    detail: str,
+    *,
+    extra: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> ProblemDetailsException:
+    """A problem with our shape: type derived from `code`, title from the status."""
+    headers = dict(headers or {})
+    if 400 <= status < 500 and status not in _RETRYABLE_4XX:
+        headers["x-should-retry"] = "false"
+    return ProblemDetailsException(
+        status_code=status,
+        type_=f"urn:taskward:problem:{code}",
+        title=HTTPStatus(status).phrase,
+        detail=detail,
+        extra={"code": code, **(extra or {})},
+        headers=headers,
+    )
+
+
+def problem_of(exc: Exception) -> ProblemDetailsException:
+    """The problem document for any exception that reached the top of a request."""
+    if isinstance(exc, DomainError):
+        return _domain_problem(exc)
+    if isinstance(exc, ValidationException):
+        return _validation_problem(exc)
+    if isinstance(exc, HTTPException):
+        return _http_problem(exc)
+    if isinstance(exc, DataError):
+        # PostgreSQL refuses some values (a NUL character) that no check above caught.
+        return problem(422, "validation_error", "a value contains a character that cannot be stored")
+    if isinstance(exc, OperationalError):
+        log.warning("store unavailable: %s", type(exc.orig).__name__)
+        return problem(503, "store_unavailable", "the store is unavailable; try again",
+                       headers={"Retry-After": "1"})
+    log.exception("unhandled %s", type(exc).__name__)
+    return problem(500, "internal_error", "the server failed to answer this request")
+
+
+def _domain_problem(exc: DomainError) -> ProblemDetailsException:
+    extra = {key: task_object(value) if isinstance(value, Row) else value
+             for key, value in exc.extra.items()}
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    return problem(exc.status, exc.code, exc.message, extra=extra, headers=headers)
+
+
+def _validation_problem(exc: ValidationException) -> ProblemDetailsException:
+    """Litestar's parameter and body validation: 422 naming each field, never its value."""
+    listed = exc.extra if isinstance(exc.extra, list) else []
+    errors = [_field_error(item) for item in listed[:_MAX_LISTED_ERRORS] if isinstance(item, dict)]
+    if not errors:
+        errors = [{"field": "body", "message": "the request is not valid"}]
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    return problem(422, "validation_error", detail,
+                   extra={"field": errors[0]["field"], "errors": errors})
+
+
+def _field_error(item: dict[str, Any]) -> dict[str, str]:
+    field = str(item.get("key") or item.get("source") or "body")
+    if field == "data":  # Litestar's name for the body when it is missing entirely
+        return {"field": "body", "message": "a JSON object is required"}
+    message = str(item.get("message", "invalid value"))
+    if message.startswith("Invalid enum value"):  # msgspec quotes the value it was sent
+        message = "not one of the allowed values"
+    return {"field": field[:200], "message": message[:300]}
+
+
+def _http_problem(exc: HTTPException) -> ProblemDetailsException:
+    status = exc.status_code
+    if status == 400 and isinstance(exc.__cause__, SerializationException):
+        return problem(400, "malformed_json", "the request body is not valid JSON")
+    if status == 413:
+        return problem(413, "body_too_large", "the request body is larger than the limit")
+    if status >= 500:
+        log.error("HTTP %s raised inside the framework", status)
+    code = _HTTP_CODES.get(status, "http_error")
+    return problem(status, code, HTTPStatus(status).phrase, headers=exc.headers)

@@ -1,0 +1,120 @@
+"""Following tasks as they change: one poller per process, and the waits built on it.
+
+Every SSE stream, long-poll (`?wait=`) and synchronous `background: false` request
+waits on `LiveTail.wait` instead of querying the store itself. One background task
+polls `last_seq` of all watched tasks in one statement every `poll_interval_ms` and
+wakes those whose log has grown, so following N tasks costs one query per tick, not
+N. Waiters compare against the store, not against notifications they might have
+missed, so a wake-up is never lost; it only comes up to one tick late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Row
+
+from core.states import TERMINAL, Status
+from core.store.database import Database
+from core.store.tasks import get_task, log_positions
+from handlers.threads import blocking
+
+log = logging.getLogger("taskward.live")
+_IDS_PER_QUERY = 500
+
+
+@dataclass(eq=False)
+class _Waiter:
+    seen_seq: int
+    woken: asyncio.Future[None] = field(repr=False)
+
+
+class LiveTail:
+    def __init__(self, db: Database, interval_seconds: float) -> None:
+        self._db = db
+        self._interval = interval_seconds
+        self._waiters: dict[str, list[_Waiter]] = {}
+        self._work = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._poller = asyncio.create_task(self._run(), name="taskward-live-tail")
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+
+    async def wait(self, task_id: str, seen_seq: int, timeout: float) -> bool:
+        """True once the task's log holds events after `seen_seq` (or the task is gone);
+        False when `timeout` seconds pass first."""
+        waiter = _Waiter(seen_seq, asyncio.get_running_loop().create_future())
+        self._waiters.setdefault(task_id, []).append(waiter)
+        self._work.set()
+        try:
+            await asyncio.wait_for(waiter.woken, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            waiting = self._waiters.get(task_id, [])
+            if waiter in waiting:
+                waiting.remove(waiter)
+            if not waiting:
+                self._waiters.pop(task_id, None)
+
+    async def _run(self) -> None:
+        while True:
+            if not self._waiters:
+                self._work.clear()
+                await self._work.wait()
+            polled = list(self._waiters)
+            try:
+                positions = await blocking(self._positions, polled)
+            except Exception:  # a store outage: waiters time out and retry by themselves
+                log.warning("live tail poll failed", exc_info=True)
+            else:
+                self._wake(polled, positions)
+            await asyncio.sleep(self._interval)
+
+    def _positions(self, task_ids: Sequence[str]) -> dict[str, int]:
+        positions: dict[str, int] = {}
+        with self._db.read() as conn:
+            for start in range(0, len(task_ids), _IDS_PER_QUERY):
+                positions.update(log_positions(conn, task_ids[start:start + _IDS_PER_QUERY]))
+        return positions
+
+    def _wake(self, polled: list[str], positions: dict[str, int]) -> None:
+        for task_id in polled:
+            last_seq = positions.get(task_id)  # None: the task is gone, wake its waiters
+            for waiter in self._waiters.get(task_id, []):
+                if not waiter.woken.done() and (last_seq is None or last_seq > waiter.seen_seq):
+                    waiter.woken.set_result(None)
+
+
+async def settled(
+    db: Database, tail: LiveTail, task_id: str, owner: str | None, timeout: float
+) -> Row[Any]:
+    """The task once it is finished, or as it stands after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    task = await blocking(read_task, db, task_id, owner)
+    while Status(task.status) not in TERMINAL:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        if await tail.wait(task_id, task.last_seq, remaining):
+            task = await blocking(read_task, db, task_id, owner)
+    return task
+
+
+def read_task(db: Database, task_id: str, owner: str | None) -> Row[Any]:
+    """The task with its response columns, as `owner` may see it (None: any)."""
+    with db.read() as conn:
+        return get_task(conn, task_id, owner)

@@ -1,0 +1,94 @@
+"""Schedules over HTTP (SPEC 9), under the `responses:create` scope.
+
+A client sees and changes only its own schedules (another client's id is 404); `admin`
+sees all. Bodies are validated by `core.schedules`, the same code the CLI goes
+through, so both refuse the same input with the same `code` and field name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Response, delete, get, patch, post
+from litestar.params import Body, Parameter
+
+from core.schedules import (
+    create_schedule,
+    delete_schedule,
+    get_schedule,
+    list_schedules,
+    schedule_object,
+    update_schedule,
+)
+from core.store.database import Database
+from handlers.answers import page
+from handlers.auth import ClientRequest, requires
+from handlers.params import ID_PATTERN, Cursor, PageLimit
+from handlers.services import Services
+from handlers.threads import blocking
+
+SCOPE = "responses:create"
+ScheduleId = Annotated[str, Parameter(pattern=ID_PATTERN, max_length=64)]
+NewScheduleBody = Annotated[dict[str, Any], Body(
+    description='`{"cron": "30 7 * * 1-5", "request": <POST /v1/responses body without '
+                'run_at>, "catch_up": 1..100 (default 1)}`; cron is 5 fields, in UTC')]
+ChangesBody = Annotated[dict[str, Any], Body(
+    description='`{"cron"?, "catch_up"?}`; a new cron starts afresh from now')]
+
+
+@post("/v1/schedules", opt=requires(SCOPE), status_code=201, tags=["schedules"])
+async def schedule_create(
+    request: ClientRequest, data: NewScheduleBody, services: Services
+) -> Response[dict[str, Any]]:
+    """Create a schedule; its first slot is the first one after now."""
+    row = await blocking(create_schedule, services.db, services.settings, request.user.id, data)
+    return Response(schedule_object(row), status_code=201,
+                    headers={"Location": f"/v1/schedules/{row.id}"})
+
+
+@get("/v1/schedules", opt=requires(SCOPE), tags=["schedules"])
+async def schedules_list(
+    request: ClientRequest, services: Services, limit: PageLimit = 20, after: Cursor = None
+) -> dict[str, Any]:
+    """Newest first; pass `next_cursor` back as `after` for the next page."""
+    rows, cursor = await blocking(_page, services.db, request.user.owner_filter, limit, after)
+    return page([schedule_object(row) for row in rows], cursor)
+
+
+def _page(db: Database, owner: str | None, limit: int,
+          after: str | None) -> tuple[list[Any], str | None]:
+    with db.read() as conn:
+        return list_schedules(conn, owner, limit=limit, after=after)
+
+
+@get("/v1/schedules/{schedule_id:str}", opt=requires(SCOPE), tags=["schedules"])
+async def schedule_show(
+    request: ClientRequest, schedule_id: ScheduleId, services: Services
+) -> dict[str, Any]:
+    return schedule_object(
+        await blocking(_one, services.db, schedule_id, request.user.owner_filter))
+
+
+def _one(db: Database, schedule_id: str, owner: str | None) -> Any:
+    with db.read() as conn:
+        return get_schedule(conn, schedule_id, owner)
+
+
+@patch("/v1/schedules/{schedule_id:str}", opt=requires(SCOPE), tags=["schedules"])
+async def schedule_change(
+    request: ClientRequest, schedule_id: ScheduleId, data: ChangesBody, services: Services
+) -> dict[str, Any]:
+    """Change `cron` or `catch_up`; a new cron fires no slot from before the change."""
+    return schedule_object(await blocking(
+        update_schedule, services.db, schedule_id, request.user.owner_filter, data))
+
+
+@delete("/v1/schedules/{schedule_id:str}", opt=requires(SCOPE), tags=["schedules"])
+async def schedule_remove(
+    request: ClientRequest, schedule_id: ScheduleId, services: Services
+) -> None:
+    """Stop future slots (204); tasks it already created are kept."""
+    await blocking(delete_schedule, services.db, schedule_id, request.user.owner_filter)
+
+
+ROUTES = [schedule_create, schedules_list, schedule_show, schedule_change, schedule_remove]

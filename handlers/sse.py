@@ -1,0 +1,93 @@
+"""A task's event log as JSON pages and as Server-Sent Events (SPEC 3.2).
+
+SSE framing is written here rather than with Litestar's `ServerSentEvent`: its ping
+sends `: ping` plus a blank line, which some clients (OpenAI's SDK) parse as an empty
+event and crash on. Our keep-alive is a bare comment line. A stream replays the stored
+events after the resume point, then follows the live tail, and ends right after the
+terminal event, so a client that reads to the end has seen the whole life of the task.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from litestar.response import Stream
+
+from core.errors import NotFound
+from core.objects import TERMINAL_EVENTS, event_object
+from core.states import TERMINAL, Status
+from core.store.database import Database
+from core.store.tasks import get_task, read_events
+from handlers.live import LiveTail
+from handlers.threads import blocking
+
+KEEPALIVE_SECONDS = 15.0
+KEEPALIVE = b": keepalive\n"
+STREAM_PAGE = 100
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class EventsPage:
+    events: list[dict[str, Any]]
+    finished: bool  # the task is terminal: its log will not grow
+    last_seq: int
+
+    def next_after(self, after: int) -> int | None:
+        """Where the next page starts; None once a finished task's log is exhausted."""
+        seen = self.events[-1]["seq"] if self.events else after
+        return None if self.finished and seen >= self.last_seq else seen
+
+
+def read_events_page(
+    db: Database, task_id: str, owner: str | None, after: int, limit: int
+) -> EventsPage:
+    """Events after `after` of a task `owner` may see (None: any), as public objects."""
+    with db.read() as conn:
+        task = get_task(conn, task_id, owner)
+        rows = read_events(conn, task_id, after=after, limit=limit)
+    return EventsPage([event_object(task, task, row) for row in rows],
+                      Status(task.status) in TERMINAL, task.last_seq)
+
+
+def frame(event: dict[str, Any]) -> bytes:
+    """One SSE event; `json.dumps` escapes newlines, so `data` is always one line."""
+    data = json.dumps(event["data"], separators=(",", ":"), ensure_ascii=False)
+    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {data}\n\n".encode()
+
+
+async def event_stream(
+    db: Database, tail: LiveTail, task_id: str, owner: str | None, after: int
+) -> Stream:
+    """`200 text/event-stream` of the events after `after`.
+
+    The first page is read before answering, so an unknown task (or another client's)
+    is a proper 404 problem rather than a stream that breaks at once.
+    """
+    first = await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE)
+    return Stream(_follow(db, tail, task_id, owner, first, after), status_code=200,
+                  media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _follow(
+    db: Database, tail: LiveTail, task_id: str, owner: str | None, page: EventsPage, after: int
+) -> AsyncIterator[bytes]:
+    while True:
+        for event in page.events:
+            yield frame(event)
+            if event["type"] in TERMINAL_EVENTS:
+                return
+        next_after = page.next_after(after)
+        if next_after is None:
+            return
+        after = next_after
+        if len(page.events) < STREAM_PAGE and not await tail.wait(task_id, after,
+                                                                   KEEPALIVE_SECONDS):
+            yield KEEPALIVE
+        try:
+            page = await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE)
+        except NotFound:  # removed while we followed it (retention, DELETE)
+            return

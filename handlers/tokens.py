@@ -1,0 +1,68 @@
+"""Authenticated tokens of this process, trusted until any client is revoked.
+
+Looking a token up in the store on every request costs a thread hop and a round trip,
+more than the rest of a `GET /v1/tasks/{id}` together. The cache keeps each answer,
+keyed by the token's hash and tagged with the store's revocation marker
+(`core.clients.revocations`) read in the same transaction. An entry counts only while
+that marker is still the newest one seen, and the marker is re-read at most every
+`recheck_seconds` by whichever request finds it stale. So a revocation made by any
+process is honoured here within `recheck_seconds`, and at once in the process that made
+it (`forget`). Unknown and revoked tokens are never cached: they always ask the store.
+"""
+
+from __future__ import annotations
+
+import time
+
+from core.clients import Client, Revocations, authenticate, revocations
+from core.ids import hash_secret
+from core.store.database import Database
+from handlers.threads import blocking
+
+_MAX_ENTRIES = 10_000
+
+
+class TokenCache:
+    def __init__(self, db: Database, *, recheck_seconds: float) -> None:
+        self._db = db
+        self._recheck = recheck_seconds
+        self._entries: dict[str, tuple[Client, Revocations]] = {}
+        self._newest: Revocations = (-1, -1)
+        self._checked_at = float("-inf")
+
+    async def client(self, token: str) -> Client:
+        """The active client holding `token`, or `Unauthorized`."""
+        now = time.monotonic()
+        if now - self._checked_at >= self._recheck:
+            self._checked_at = now
+            self._saw(await blocking(self._read_revocations))
+        key = hash_secret(token)
+        cached = self._entries.get(key)
+        if cached is not None and cached[1] == self._newest:
+            return cached[0]
+        client, marker = await blocking(self._lookup, token)
+        self._saw(marker)
+        if marker == self._newest:
+            if len(self._entries) >= _MAX_ENTRIES:
+                self._entries.clear()
+            self._entries[key] = (client, marker)
+        return client
+
+    def forget(self) -> None:
+        """Drop every entry: this process has just revoked a client."""
+        self._entries.clear()
+        self._checked_at = float("-inf")
+
+    def _saw(self, marker: Revocations) -> None:
+        self._newest = max(self._newest, marker)
+
+    def _read_revocations(self) -> Revocations:
+        with self._db.read() as conn:
+            return revocations(conn)
+
+    def _lookup(self, token: str) -> tuple[Client, Revocations]:
+        # The marker first: a revocation committed between the two reads then leaves
+        # the entry tagged with the older marker, which the next recheck outdates.
+        with self._db.read() as conn:
+            marker = revocations(conn)
+            return authenticate(conn, token), marker

@@ -1,0 +1,89 @@
+"""The operator commands of SPEC section 1, run in-process on both stores."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from core.settings import Settings
+from core.store import claims
+from core.store.database import Database
+from core.store.tasks import NewTask, enqueue
+from infra.cli import main
+from tests.api.helpers import complete_due, register_test_model
+
+
+@pytest.fixture
+def run(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("TASKWARD_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("TASKWARD_MODELS_DIR", str(settings.models_dir))
+
+    def invoke(*args: str) -> Any:
+        result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output) if "--json" in args else result.output
+
+    return invoke
+
+
+def test_pair_prints_a_code(run: Any) -> None:
+    code = run("pair", "--scopes", "tasks:read,models:read", "--json")
+    assert set(code) == {"code", "expires_at", "scopes"}
+    assert code["scopes"] == ["models:read", "tasks:read"]
+
+
+def test_pair_with_token_creates_the_client_at_once(run: Any) -> None:
+    issued = run("pair", "--admin", "--token", "--name", "root", "--json")
+    assert set(issued) == {"client_id", "token", "scopes"} and issued["scopes"] == ["admin"]
+    listed = run("clients", "list", "--json")
+    assert [(c["id"], c["name"]) for c in listed] == [(issued["client_id"], "root")]
+
+
+def test_clients_revoke(run: Any) -> None:
+    issued = run("pair", "--token", "--json")
+    run("clients", "revoke", issued["client_id"])
+    assert run("clients", "list", "--json")[0]["revoked_at"] is not None
+
+
+def test_unknown_scopes_stop_pair(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKWARD_DATABASE_URL", settings.database_url)
+    result = CliRunner().invoke(main, ["pair", "--scopes", "everything"])
+    assert result.exit_code != 0 and "unknown_scope" in result.output
+
+
+def test_models_add_list_remove(run: Any, settings: Settings) -> None:
+    (settings.models_dir / "tiny.gguf").write_bytes(b"weights")
+    entry = run("models", "add", str(settings.models_dir / "tiny.gguf"), "--id", "tiny",
+                "--engine", "test.words", "--json")
+    assert (entry["id"], entry["engine"], entry["path"]) == ("tiny", "test.words", "tiny.gguf")
+    assert [m["id"] for m in run("models", "list", "--json")] == ["tiny"]
+    run("models", "remove", "tiny")
+    assert run("models", "list", "--json") == []
+    assert (settings.models_dir / "tiny.gguf").is_file()
+
+
+def test_tasks_list_show_cancel(run: Any, db: Database, settings: Settings) -> None:
+    model = register_test_model(db, settings.models_dir)
+    first = enqueue(db, NewTask(client_id="c", model=model, request_json="{}")).task_id
+    second = enqueue(db, NewTask(client_id="c", model=model, request_json="{}")).task_id
+    complete_due(db)
+    third = enqueue(db, NewTask(client_id="c", model=model, request_json="{}")).task_id
+    assert [t["id"] for t in run("tasks", "list", "--json")] == [third, second, first]
+    assert [t["id"] for t in run("tasks", "list", "--status", "queued", "--json")] == [third]
+    assert run("tasks", "show", first, "--json")["status"] == "completed"
+    assert run("tasks", "cancel", third, "--json")["status"] == "cancelled"
+    assert "task_already_finished" in CliRunner().invoke(main, ["tasks", "cancel", first]).output
+
+
+def test_dead_letters_list_and_retry(run: Any, db: Database, settings: Settings) -> None:
+    model = register_test_model(db, settings.models_dir)
+    failed = enqueue(db, NewTask(client_id="c", model=model, request_json="{}",
+                                 max_attempts=1)).task_id
+    (claim,) = claims.claim(db, limit=1, lease_ms=60_000, node_id="test")
+    claims.requeue(db, failed, claim.owner_token, delay_ms=0, code="engine_error", message="x")
+    assert [t["id"] for t in run("dead-letters", "list", "--json")] == [failed]
+    fresh = run("dead-letters", "retry", failed, "--json")
+    assert fresh["id"] != failed and fresh["status"] == "queued"

@@ -1,0 +1,84 @@
+"""Group commit: requests that wait together commit together, each answered as alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from core.errors import InvalidInput
+from core.idempotency import IdempotencyClaim
+from core.store.database import Database
+from core.store.tasks import Enqueued, NewTask
+from core.tables import task_events, tasks
+from handlers.enqueuing import Enqueuer
+
+
+def new(model: str, **fields: Any) -> NewTask:
+    return NewTask(client_id="c", model=model, request_json=json.dumps({"input": "words=1"}),
+                   **fields)
+
+
+def run_together(db: Database, requests: list[tuple[NewTask, IdempotencyClaim | None]]
+                 ) -> list[Enqueued | BaseException]:
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
+
+    async def all_at_once() -> list[Enqueued | BaseException]:
+        return await asyncio.gather(*(enqueuer.enqueue(task, claim) for task, claim in requests),
+                                    return_exceptions=True)
+
+    return asyncio.run(all_at_once())
+
+
+def test_a_burst_commits_in_few_transactions(db: Database, model_id: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    commits = []
+    original = db.write
+
+    def counted() -> Any:
+        commits.append(1)
+        return original()
+
+    monkeypatch.setattr(db, "write", counted)
+    answers = run_together(db, [(new(model_id), None) for _ in range(40)])
+    assert all(isinstance(a, Enqueued) and a.status_code == 202 for a in answers)
+    assert len({a.task_id for a in answers if isinstance(a, Enqueued)}) == 40
+    assert len(commits) < 10
+
+
+def test_conflicts_in_a_batch_are_answered_as_enqueue_would(db: Database, model_id: str) -> None:
+    key = IdempotencyClaim("same-key", "digest-a")
+    answers = run_together(db, [
+        (new(model_id), key),
+        (new(model_id), key),
+        (new(model_id), IdempotencyClaim("same-key", "digest-b")),
+        (new(model_id, dedupe_key="daily"), None),
+        (new(model_id, dedupe_key="daily"), None),
+        (new("no-such-model"), None),
+        (new(model_id), None),
+    ])
+    first, replay, reused, deduped, dedupe_hit, unknown, plain = answers
+    assert isinstance(first, Enqueued) and isinstance(replay, Enqueued)
+    assert replay.replayed and (replay.task_id, replay.body) == (first.task_id, first.body)
+    assert isinstance(reused, InvalidInput) and reused.code == "idempotency_key_reused"
+    assert isinstance(deduped, Enqueued) and isinstance(dedupe_hit, Enqueued)
+    assert dedupe_hit.dedupe_hit and dedupe_hit.task_id == deduped.task_id
+    assert isinstance(unknown, InvalidInput) and unknown.code == "model_not_found"
+    assert isinstance(plain, Enqueued) and plain.status_code == 202
+    with db.read() as conn:  # the rolled-back halves of conflicting requests left nothing
+        stored = set(conn.execute(select(tasks.c.id)).scalars())
+        orphans = conn.execute(select(task_events.c.task_id)
+                               .where(task_events.c.task_id.not_in(stored))).all()
+    assert stored == {first.task_id, deduped.task_id, plain.task_id} and orphans == []
+
+
+def test_clients_may_share_a_key_in_one_batch(db: Database, model_id: str) -> None:
+    answers = run_together(db, [
+        (NewTask(client_id=client, model=model_id, request_json="{}"),
+         IdempotencyClaim("shared", "digest")) for client in ("a", "b", "a")])
+    a_first, b_first, a_again = answers
+    assert isinstance(a_again, Enqueued) and a_again.replayed
+    assert a_again.task_id == a_first.task_id != b_first.task_id  # type: ignore[union-attr]

@@ -1,0 +1,105 @@
+"""Every failure is an RFC 9457 problem with a stable code, and never echoes the input."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from litestar.testing import TestClient
+
+from core.settings import Settings
+from core.store.database import Database
+from handlers.app import create_app
+from handlers.errors import problem, problem_of
+from tests.api.helpers import Caller, caller
+
+PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
+
+
+def assert_problem(response: Any, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body = response.json()
+    assert PROBLEM_KEYS <= body.keys()
+    assert (body["status"], body["code"]) == (status, code)
+    return body
+
+
+def test_malformed_json_is_400(alice: Caller, model_id: str) -> None:
+    response = alice.post("/v1/responses", content=b'{"model": "words", "input": ',
+                          headers={"Content-Type": "application/json"})
+    assert_problem(response, 400, "malformed_json")
+
+
+def test_unknown_field_is_422_naming_it(alice: Caller, model_id: str) -> None:
+    response = alice.post("/v1/responses", json={"model": model_id, "input": "hi", "colour": 1})
+    body = assert_problem(response, 422, "validation_error")
+    assert body["field"] == "colour"
+
+
+def test_schema_violation_names_the_field_without_echoing_values(
+    alice: Caller, model_id: str
+) -> None:
+    response = alice.post("/v1/responses", json={
+        "model": model_id, "input": "SECRET-PROMPT", "temperature": "SECRET-VALUE",
+        "on_restart": "SECRET-POLICY"})
+    body = assert_problem(response, 422, "validation_error")
+    assert {e["field"] for e in body["errors"]} == {"temperature", "on_restart"}
+    assert "SECRET" not in response.text
+
+
+def test_body_over_the_limit_is_413(settings: Settings, db: Database, model_id: str) -> None:
+    small = settings.model_copy(update={"max_body_bytes": 2048})
+    with TestClient(create_app(small)) as http:
+        sender = caller(db, http, "responses:create")
+        response = sender.post("/v1/responses", content=b"{" + b" " * 4096 + b"}",
+                               headers={"Content-Type": "application/json"})
+    assert_problem(response, 413, "body_too_large")
+
+
+def test_missing_token_is_401_with_a_bearer_challenge(http: TestClient[Any]) -> None:
+    response = http.get("/v1/tasks")
+    assert_problem(response, 401, "missing_token")
+    assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_unknown_token_is_401(http: TestClient[Any]) -> None:
+    response = http.get("/v1/tasks", headers={"Authorization": "Bearer tw_not-a-real-token"})
+    assert_problem(response, 401, "invalid_token")
+
+
+def test_missing_scope_is_403(alice: Caller) -> None:
+    assert_problem(alice.get("/v1/clients"), 403, "missing_scope")
+
+
+def test_unknown_route_and_method_are_problems(alice: Caller) -> None:
+    assert_problem(alice.get("/v1/nothing-here"), 404, "not_found")
+    assert_problem(alice.put("/v1/tasks"), 405, "method_not_allowed")
+
+
+def test_malformed_ids_are_refused_before_the_store(alice: Caller) -> None:
+    body = assert_problem(alice.get("/v1/tasks/resp_%00"), 422, "validation_error")
+    assert body["field"] == "task_id"
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 413, 422])
+def test_client_errors_say_do_not_retry(status: int) -> None:
+    assert problem(status, "x", "y").headers["x-should-retry"] == "false"
+
+
+@pytest.mark.parametrize("status", [408, 429, 503])
+def test_transient_errors_may_be_retried(status: int) -> None:
+    assert "x-should-retry" not in problem(status, "x", "y").headers
+
+
+def test_an_unexpected_error_is_a_generic_500_without_its_message() -> None:
+    answer = problem_of(RuntimeError("SECRET-PAYLOAD"))
+    assert (answer.status_code, answer.extra["code"]) == (500, "internal_error")
+    assert "SECRET" not in json.dumps([answer.detail, answer.extra])
+
+
+def test_openapi_document_is_served(http: TestClient[Any]) -> None:
+    document = http.get("/schema/openapi.json").json()
+    assert "/v1/responses" in document["paths"]
+    assert "bearer" in document["components"]["securitySchemes"]

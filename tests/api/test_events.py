@@ -1,0 +1,186 @@
+"""The event log as JSON pages and as SSE (SPEC 3.2), and the live tail behind streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from core.store.database import Database
+from handlers import sse
+from handlers.live import LiveTail
+from tests.api.helpers import Caller, complete_due, finish, start_due
+
+SSE = {"Accept": "text/event-stream"}
+LIFE = ["response.created", "response.loading", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+
+
+def create(who: Caller, model_id: str) -> str:
+    return who.post("/v1/responses", json={"model": model_id, "input": "words=3"}).json()["id"]
+
+
+def finished_task(who: Caller, model_id: str, db: Database) -> str:
+    task_id = create(who, model_id)
+    complete_due(db)
+    return task_id
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """Blocks of `id`/`event`/`data` lines; comment lines are kept as `{"comment"}`."""
+    events: list[dict[str, Any]] = []
+    block: dict[str, Any] = {}
+    for line in text.split("\n"):
+        if line.startswith(":"):
+            events.append({"comment": line})
+        elif line == "":
+            if block:
+                events.append(block)
+            block = {}
+        else:
+            key, _, value = line.partition(": ")
+            block[key] = value
+    return events
+
+
+def test_events_come_in_json_pages(alice: Caller, model_id: str, db: Database) -> None:
+    task_id = finished_task(alice, model_id, db)
+    first = alice.get(f"/v1/tasks/{task_id}/events", params={"limit": 4}).json()
+    assert [e["seq"] for e in first["data"]] == [1, 2, 3, 4]
+    assert first["next_after"] == 4
+    rest = alice.get(f"/v1/tasks/{task_id}/events", params={"after": 4}).json()
+    assert [e["type"] for e in first["data"] + rest["data"]] == LIFE
+    assert rest["next_after"] is None  # finished, and nothing more will come
+
+
+def test_event_data_carries_type_sequence_number_and_the_response(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    task_id = finished_task(alice, model_id, db)
+    events = alice.get(f"/v1/tasks/{task_id}/events").json()["data"]
+    for item in events:
+        assert (item["data"]["type"], item["data"]["sequence_number"]) == (
+            item["type"], item["seq"])
+    assert events[0]["data"]["response"]["status"] == "queued"
+    assert events[-1]["data"]["response"]["status"] == "completed"
+
+
+def test_an_unfinished_task_keeps_a_cursor(alice: Caller, model_id: str) -> None:
+    task_id = create(alice, model_id)
+    page = alice.get(f"/v1/tasks/{task_id}/events").json()
+    assert (len(page["data"]), page["next_after"]) == (1, 1)
+
+
+def test_sse_frames_each_event_and_closes_after_the_terminal_one(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    task_id = finished_task(alice, model_id, db)
+    answer = alice.get(f"/v1/tasks/{task_id}/events", headers=SSE)
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    blocks = parse_sse(answer.text)
+    assert [b["event"] for b in blocks] == LIFE
+    assert [int(b["id"]) for b in blocks] == list(range(1, len(LIFE) + 1))
+    for block in blocks:
+        data = json.loads(block["data"])  # one line of JSON
+        assert (data["type"], data["sequence_number"]) == (block["event"], int(block["id"]))
+
+
+@pytest.mark.parametrize("resume", [{"headers": {"Last-Event-ID": "4"}},
+                                    {"params": {"after": 4}}])
+def test_sse_resumes_after_the_given_event(
+    alice: Caller, model_id: str, db: Database, resume: dict[str, Any]
+) -> None:
+    task_id = finished_task(alice, model_id, db)
+    headers = {**SSE, **resume.get("headers", {})}
+    answer = alice.get(f"/v1/tasks/{task_id}/events", headers=headers,
+                       params=resume.get("params"))
+    assert [b["event"] for b in parse_sse(answer.text)] == LIFE[4:]
+
+
+def test_sse_after_the_end_of_a_finished_log_is_empty(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    task_id = finished_task(alice, model_id, db)
+    answer = alice.get(f"/v1/tasks/{task_id}/events", headers={**SSE, "Last-Event-ID": "10"})
+    assert (answer.status_code, answer.text) == (200, "")
+
+
+def test_sse_follows_live_events_and_sends_bare_keepalives(
+    alice: Caller, model_id: str, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sse, "KEEPALIVE_SECONDS", 0.2)
+    task_id = create(alice, model_id)
+
+    def live_worker() -> None:
+        (claim,) = start_due(db)
+        threading.Event().wait(0.7)  # idle long enough for keep-alives
+        finish(db, claim)
+
+    worker = threading.Thread(target=live_worker)
+    worker.start()
+    answer = alice.get(f"/v1/tasks/{task_id}/events", headers=SSE)
+    worker.join()
+    blocks = parse_sse(answer.text)
+    assert [b["event"] for b in blocks if "event" in b] == LIFE
+    assert {"comment": ": keepalive"} in blocks
+    assert ": keepalive\n\n" not in answer.text  # never an empty event after it
+
+
+def test_sse_for_another_clients_task_is_404(
+    alice: Caller, bob: Caller, model_id: str
+) -> None:
+    answer = bob.get(f"/v1/tasks/{create(alice, model_id)}/events", headers=SSE)
+    assert (answer.status_code, answer.json()["code"]) == (404, "task_not_found")
+
+
+def test_the_live_tail_polls_once_per_tick_for_all_waiters(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    task_ids = [create(alice, model_id) for _ in range(20)]
+    statements: list[str] = []
+    tail = LiveTail(db, interval_seconds=0.05)
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "last_seq" in statement:
+            statements.append(statement)
+
+    async def forty_waiters() -> list[bool]:
+        await tail.start()
+        try:
+            return await asyncio.gather(*(tail.wait(task_id, 1, 0.5)
+                                          for task_id in task_ids * 2))
+        finally:
+            await tail.stop()
+
+    event.listen(db.engine, "before_cursor_execute", count)
+    try:
+        woken = asyncio.run(forty_waiters())
+    finally:
+        event.remove(db.engine, "before_cursor_execute", count)
+    assert woken == [False] * 40  # nothing happened: all timed out
+    assert 3 <= len(statements) <= 15  # about one query per 50 ms tick, not 40 per tick
+
+
+def test_the_live_tail_wakes_a_waiter_when_its_log_grows(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    task_id = create(alice, model_id)
+    tail = LiveTail(db, interval_seconds=0.02)
+
+    async def wait_while_a_worker_claims() -> bool:
+        await tail.start()
+        try:
+            waiting = asyncio.ensure_future(tail.wait(task_id, 1, 5))
+            await asyncio.sleep(0.1)
+            await asyncio.to_thread(start_due, db)
+            return await waiting
+        finally:
+            await tail.stop()
+
+    assert asyncio.run(wait_while_a_worker_claims()) is True
