@@ -7,7 +7,7 @@ can freeze and move time with freezegun (which patches `time.time`).
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 
 class Clock:
@@ -30,3 +30,11 @@ def parse_iso(text: str) -> int:
     if moment.tzinfo is None:
         raise ValueError("timestamp needs a UTC offset")
     return int(moment.timestamp() * 1000)
+
+
+def epoch_ms(moment: datetime) -> int:
+    """Epoch ms of an aware datetime, exactly (no float rounding), floored."""
+    return (moment - _EPOCH) // timedelta(milliseconds=1)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

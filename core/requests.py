@@ -1,4 +1,5 @@
-"""The body of `POST /v1/responses`, validated once and reused by schedules.
+"""The body of `POST /v1/responses`, validated once and reused by schedules, and the
+task it asks for.
 
 Strict: unknown fields are refused, every bound is explicit, and nothing here echoes
 the prompt back in an error message.
@@ -12,8 +13,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from core.clock import epoch_ms
 from core.engines.base import GenerationRequest
+from core.errors import InvalidInput
+from core.settings import Settings
 from core.states import OnRestart
+from core.store.tasks import NewTask
 
 PrintableAscii = Annotated[
     str, StringConstraints(min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$")
@@ -78,6 +83,36 @@ class ResponseRequest(_Strict):
         """What the task keeps: the body minus the fields that only shape the answer."""
         body = self.model_dump(mode="json", exclude={"run_at"}, exclude_none=True)
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+def new_task(
+    request: ResponseRequest,
+    *,
+    client_id: str,
+    settings: Settings,
+    above_cap: Literal["refuse", "clamp"] = "refuse",
+    schedule_id: str | None = None,
+) -> NewTask:
+    """The task a validated body asks for, owned by `client_id`.
+
+    `max_attempts` defaults to the configured default and is held to the configured cap:
+    a caller asking for more is refused (`"refuse"`, the API: it can fix its request); a
+    schedule firing unattended is held to the cap (`"clamp"`: the cap may have been
+    lowered since the schedule was accepted, and nobody is there to fix it).
+    """
+    attempts = request.max_attempts or settings.max_attempts_default
+    if attempts > settings.max_attempts_cap:
+        if above_cap == "refuse":
+            raise InvalidInput("validation_error",
+                               f"max_attempts: must be at most {settings.max_attempts_cap}",
+                               extra={"field": "max_attempts"})
+        attempts = settings.max_attempts_cap
+    return NewTask(
+        client_id=client_id, model=request.model, request_json=request.stored_json(),
+        on_restart=request.on_restart, max_attempts=attempts,
+        run_at=None if request.run_at is None else epoch_ms(request.run_at),
+        metadata=dict(request.metadata), dedupe_key=request.dedupe_key, schedule_id=schedule_id,
+    )
 
 
 def generation_request(stored: dict[str, Any]) -> GenerationRequest:

@@ -1,0 +1,184 @@
+"""Schedules (SPEC 9): recurring `POST /v1/responses` bodies, defined by their owners.
+
+This module validates and stores definitions; `core.schedule_firing` turns their due
+slots into tasks. Two fields carry the firing state: `checkpoint` (every slot at or
+before it has been handled) and `next_slot_at` (the indexed column the sweeper scans).
+A new or re-timed schedule starts with `checkpoint = now`, so it never fires a slot
+from before it existed or from its previous expression.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import Connection, Row, delete, insert, select, update
+
+from core.clock import iso
+from core.cron import next_slot, parse_cron
+from core.errors import InvalidInput, NotFound
+from core.ids import sortable_id
+from core.requests import ResponseRequest
+from core.settings import Settings
+from core.store.database import Database
+from core.tables import models, schedule_slots, schedules
+
+MAX_CATCH_UP = 100
+MAX_PAGE = 100
+
+
+class _ScheduleBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cron: str
+    request: dict[str, Any]
+    catch_up: int = Field(1, ge=1, le=MAX_CATCH_UP)
+
+
+class _ScheduleChanges(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cron: str | None = None
+    catch_up: int | None = Field(None, ge=1, le=MAX_CATCH_UP)
+
+
+def _validation_error(exc: ValidationError, prefix: str = "") -> InvalidInput:
+    """A 422 naming the first offending field (`request.temperature`), never its value."""
+    first = exc.errors(include_input=False)[0]
+    field = prefix + ".".join(str(part) for part in first["loc"])
+    where = field or prefix.rstrip(".") or "body"
+    return InvalidInput("validation_error", f"{where}: {first['msg']}", extra={"field": where})
+
+
+def _refuse(field: str, message: str) -> InvalidInput:
+    return InvalidInput("validation_error", f"{field}: {message}", extra={"field": field})
+
+
+def _parse_request(body: Mapping[str, Any], settings: Settings) -> ResponseRequest:
+    """A schedule's `request`: a `POST /v1/responses` body that can run unattended.
+
+    `run_at` is refused because the slot decides when the task runs; `background: false`
+    and `stream: true` because nobody is connected to wait for a scheduled task.
+    """
+    try:
+        request = ResponseRequest.model_validate(dict(body))
+    except ValidationError as exc:
+        raise _validation_error(exc, "request.") from None
+    if "run_at" in body:
+        raise _refuse("request.run_at", "a schedule's slot decides when its task runs")
+    if not request.background:
+        raise _refuse("request.background", "scheduled tasks always run in the background")
+    if request.stream:
+        raise _refuse("request.stream", "nobody is connected to a scheduled task's stream")
+    if request.max_attempts is not None and request.max_attempts > settings.max_attempts_cap:
+        raise _refuse("request.max_attempts",
+                      f"must be at most {settings.max_attempts_cap} (the configured cap)")
+    return request
+
+
+def _require_model(conn: Connection, model_id: str) -> None:
+    if conn.execute(select(models.c.id).where(models.c.id == model_id)).first() is None:
+        raise InvalidInput("model_not_found", "request.model: no model is registered under that id",
+                           extra={"field": "request.model"})
+
+
+def _visible(client_id: str | None) -> list[Any]:
+    """The `WHERE` that keeps a client to its own schedules (None: an admin sees all)."""
+    return [] if client_id is None else [schedules.c.client_id == client_id]
+
+
+def create_schedule(
+    db: Database, settings: Settings, client_id: str, body: Mapping[str, Any]
+) -> Row[Any]:
+    """Validate and store a schedule owned by `client_id`; its first slot is after now."""
+    try:
+        parsed = _ScheduleBody.model_validate(dict(body))
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    spec = parse_cron(parsed.cron)
+    request = _parse_request(parsed.request, settings)
+    with db.write() as conn:
+        _require_model(conn, request.model)
+        now = db.clock.now_ms()
+        schedule_id = sortable_id("sched", now)
+        conn.execute(insert(schedules).values(
+            id=schedule_id, client_id=client_id, cron=spec.expr,
+            request_json=request.stored_json(), catch_up=parsed.catch_up, checkpoint=now,
+            next_slot_at=next_slot(spec, now), created_at=now, updated_at=now,
+        ))
+        return get_schedule(conn, schedule_id, client_id)
+
+
+def update_schedule(
+    db: Database, schedule_id: str, client_id: str | None, body: Mapping[str, Any]
+) -> Row[Any]:
+    """Change `cron` and/or `catch_up`. A new expression starts afresh from now:
+    the checkpoint moves to now, so no slot of the past is replayed under either one."""
+    try:
+        changes = _ScheduleChanges.model_validate(dict(body))
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    spec = parse_cron(changes.cron) if changes.cron is not None else None
+    with db.write() as conn:
+        current = get_schedule(conn, schedule_id, client_id)
+        now = db.clock.now_ms()
+        values: dict[str, Any] = {"updated_at": now}
+        if changes.catch_up is not None:
+            values["catch_up"] = changes.catch_up
+        if spec is not None and spec.expr != current.cron:
+            values.update(cron=spec.expr, checkpoint=now, next_slot_at=next_slot(spec, now))
+        conn.execute(update(schedules).where(schedules.c.id == schedule_id).values(**values))
+        return get_schedule(conn, schedule_id, client_id)
+
+
+def delete_schedule(db: Database, schedule_id: str, client_id: str | None) -> None:
+    """Stop future slots. Tasks already created keep running and keep their schedule_id;
+    a sweeper firing this schedule right now finds its conditional update gone and
+    creates nothing. The ledger goes too: no slot of this id can come due again."""
+    with db.write() as conn:
+        gone = conn.execute(
+            delete(schedules).where(schedules.c.id == schedule_id, *_visible(client_id))
+        )
+        if gone.rowcount == 0:
+            raise NotFound("schedule_not_found", "no such schedule")
+        conn.execute(delete(schedule_slots).where(schedule_slots.c.schedule_id == schedule_id))
+
+
+def get_schedule(conn: Connection, schedule_id: str, client_id: str | None) -> Row[Any]:
+    """The schedule; another client's is `NotFound`, as if it did not exist."""
+    row = conn.execute(
+        select(schedules).where(schedules.c.id == schedule_id, *_visible(client_id))
+    ).first()
+    if row is None:
+        raise NotFound("schedule_not_found", "no such schedule")
+    return row
+
+
+def list_schedules(
+    conn: Connection, client_id: str | None, *, limit: int = 20, after: str | None = None
+) -> tuple[list[Row[Any]], str | None]:
+    """A page of schedules, newest first; the cursor is the last id of the page."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise _refuse("limit", f"must be between 1 and {MAX_PAGE}")
+    query = (select(schedules).where(*_visible(client_id))
+             .order_by(schedules.c.id.desc()).limit(limit + 1))
+    if after is not None:
+        query = query.where(schedules.c.id < after)
+    rows = list(conn.execute(query))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1].id if more and rows else None)
+
+
+def schedule_object(row: Row[Any]) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "object": "schedule",
+        "cron": row.cron,
+        "request": json.loads(row.request_json),
+        "catch_up": row.catch_up,
+        "next_run_at": iso(row.next_slot_at),
+        "created_at": iso(row.created_at),
+        "updated_at": iso(row.updated_at),
+        "client_id": row.client_id,
+    }

@@ -1,0 +1,111 @@
+"""`taskward schedules list|add|remove`: recurring work, from the operator's seat.
+
+The same core functions as `/v1/schedules`, so the CLI refuses exactly what the API
+refuses. An operator sees every client's schedules; a new one belongs to `--client`,
+by default the first admin client (the one `taskward pair --admin` made).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from sqlalchemy import Connection
+
+from core.clients import ADMIN, client_object, list_clients
+from core.schedules import (
+    MAX_CATCH_UP,
+    MAX_PAGE,
+    create_schedule,
+    delete_schedule,
+    list_schedules,
+    schedule_object,
+)
+from infra.cli.context import database, domain_errors, emit, settings_or_exit
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+_COLUMNS = ("id", "cron", "catch_up", "next_run_at", "client_id")
+
+
+@click.group()
+def schedules() -> None:
+    """Recurring work: a request run on a cron expression (UTC)."""
+
+
+@schedules.command("list")
+@click.option("--client", "client_id", default=None, help="Only this client's schedules.")
+@click.option("--limit", default=MAX_PAGE, show_default=True, type=click.IntRange(1, MAX_PAGE))
+@_JSON
+def schedules_list(client_id: str | None, limit: int, as_json: bool) -> None:
+    """Newest first."""
+    settings = settings_or_exit()
+    with database(settings) as db, db.read() as conn:
+        rows, _ = list_schedules(conn, client_id, limit=limit)
+    emit([schedule_object(row) for row in rows], as_json=as_json, columns=_COLUMNS)
+
+
+@schedules.command("add")
+@click.option("--cron", required=True, help='5 fields in UTC, e.g. "30 7 * * 1-5".')
+@click.option("--request", "request_text", default=None, metavar="JSON",
+              help="A POST /v1/responses body (without run_at).")
+@click.option("--request-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="The same body, read from a file.")
+@click.option("--catch-up", default=1, show_default=True, type=click.IntRange(1, MAX_CATCH_UP),
+              help="Missed slots fired after downtime (the latest ones).")
+@click.option("--client", "client_id", default=None,
+              help="The owning client's id (default: the first admin client).")
+@_JSON
+def schedules_add(cron: str, request_text: str | None, request_file: Path | None,
+                  catch_up: int, client_id: str | None, as_json: bool) -> None:
+    """Create a schedule; its first slot is the first one after now."""
+    request = _request_body(request_text, request_file)
+    settings = settings_or_exit()
+    with database(settings) as db, domain_errors():
+        with db.read() as conn:
+            owner = _owner(conn, client_id)
+        row = create_schedule(db, settings, owner,
+                              {"cron": cron, "request": request, "catch_up": catch_up})
+    emit(schedule_object(row), as_json=as_json)
+
+
+@schedules.command("remove")
+@click.argument("schedule_id")
+def schedules_remove(schedule_id: str) -> None:
+    """Stop future slots; tasks already created are kept."""
+    settings = settings_or_exit()
+    with database(settings) as db, domain_errors():
+        delete_schedule(db, schedule_id, None)
+    click.echo(f"removed {schedule_id}")
+
+
+def _request_body(text: str | None, path: Path | None) -> dict[str, Any]:
+    if (text is None) == (path is None):
+        raise click.UsageError("give exactly one of --request and --request-file")
+    source = "--request" if path is None else str(path)
+    try:
+        body = json.loads(text if path is None else path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise click.BadParameter(f"not a readable JSON document ({type(exc).__name__})",
+                                 param_hint=source) from None
+    if not isinstance(body, dict):
+        raise click.BadParameter("must be a JSON object", param_hint=source)
+    return body
+
+
+def _owner(conn: Connection, client_id: str | None) -> str:
+    """The active client the schedule will belong to (its tasks are that client's)."""
+    active = [client_object(row) for row in list_clients(conn) if row.revoked_at is None]
+    if client_id is not None:
+        if not any(client["id"] == client_id for client in active):
+            raise click.ClickException(f"no active client {client_id}: see `taskward clients list`")
+        return client_id
+    admins = [client["id"] for client in active if ADMIN in client["scopes"]]
+    if not admins:
+        raise click.ClickException(
+            "no admin client yet: run `taskward pair --admin`, or pass --client")
+    return admins[0]
+
+
+COMMANDS: list[click.Command] = [schedules]

@@ -1,0 +1,85 @@
+"""`taskward schedules list|add|remove`, through the real command group."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from core.clients import create_client
+from core.settings import Settings
+from core.store.database import Database
+from infra.cli import main
+
+
+@pytest.fixture
+def taskward(settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> CliRunner:
+    monkeypatch.chdir(tmp_path)  # no taskward.toml of the developer's
+    monkeypatch.setenv("TASKWARD_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("TASKWARD_MODELS_DIR", str(settings.models_dir))
+    return CliRunner()
+
+
+def run(runner: CliRunner, *args: str) -> Result:
+    return runner.invoke(main, ["schedules", *args], catch_exceptions=False)
+
+
+def add(runner: CliRunner, model: str, *extra: str) -> Result:
+    request = json.dumps({"model": model, "input": "words=2"})
+    return run(runner, "add", "--cron", "0 7 * * *", "--request", request, *extra)
+
+
+def test_add_list_remove_round_trip_as_json(
+    taskward: CliRunner, db: Database, model_id: str
+) -> None:
+    admin = create_client(db, name="admin", scopes=frozenset({"admin"}))
+    added = add(taskward, model_id, "--catch-up", "2", "--json")
+    assert added.exit_code == 0, added.output
+    schedule = json.loads(added.output)
+    assert (schedule["client_id"], schedule["catch_up"], schedule["cron"]) == (
+        admin.client_id, 2, "0 7 * * *")
+    listed = run(taskward, "list", "--json")
+    assert [s["id"] for s in json.loads(listed.output)] == [schedule["id"]]
+    assert run(taskward, "remove", schedule["id"]).exit_code == 0
+    assert json.loads(run(taskward, "list", "--json").output) == []
+
+
+def test_add_reads_the_request_from_a_file_for_a_chosen_client(
+    taskward: CliRunner, db: Database, model_id: str, tmp_path: Path
+) -> None:
+    owner = create_client(db, name="reports", scopes=frozenset({"responses:create"}))
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model": model_id, "input": "words=2"}))
+    added = run(taskward, "add", "--cron", "@daily", "--request-file", str(request),
+                "--client", owner.client_id, "--json")
+    assert added.exit_code == 0, added.output
+    assert json.loads(added.output)["client_id"] == owner.client_id
+    table = run(taskward, "list", "--client", owner.client_id).output
+    assert "0 0 * * *" in table and owner.client_id in table
+
+
+def test_add_refuses_what_the_api_refuses_with_its_code(
+    taskward: CliRunner, db: Database, model_id: str
+) -> None:
+    create_client(db, name="admin", scopes=frozenset({"admin"}))
+    bad_cron = run(taskward, "add", "--cron", "0 0 30 2 *", "--request",
+                   json.dumps({"model": model_id, "input": "x"}))
+    assert bad_cron.exit_code != 0 and "invalid_cron" in bad_cron.output
+    unknown_model = add(taskward, "no-such-model")
+    assert unknown_model.exit_code != 0 and "model_not_found" in unknown_model.output
+    not_json = run(taskward, "add", "--cron", "@daily", "--request", "{model")
+    assert not_json.exit_code != 0 and "JSON" in not_json.output
+
+
+def test_add_without_an_admin_client_says_how_to_make_one(
+    taskward: CliRunner, model_id: str
+) -> None:
+    result = add(taskward, model_id)
+    assert result.exit_code != 0 and "taskward pair --admin" in result.output
+
+
+def test_remove_of_an_unknown_schedule_fails_cleanly(taskward: CliRunner) -> None:
+    result = run(taskward, "remove", "sched_missing")
+    assert result.exit_code == 1 and "schedule_not_found" in result.output

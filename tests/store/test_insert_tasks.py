@@ -1,0 +1,96 @@
+"""`insert_tasks`: many tasks in four statements, each answer matched to its request."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import func, select
+
+from core.errors import InvalidInput
+from core.store.database import Database
+from core.store.tasks import NewTask, insert_task, insert_tasks
+from core.tables import responses, task_events, tasks
+from tests.store.helpers import event_types, new_task, task_row
+
+
+def request(model: str, n: int, **fields: object) -> NewTask:
+    return NewTask(client_id=str(fields.pop("client", "client-a")), model=model,
+                   request_json=json.dumps({"model": model, "input": f"words={n}"}),
+                   metadata={"n": str(n)}, **fields)  # type: ignore[arg-type]
+
+
+def counts(db: Database) -> tuple[int, int, int]:
+    with db.read() as conn:
+        return tuple(conn.execute(select(func.count()).select_from(table)).scalar_one()
+                     for table in (tasks, responses, task_events))  # type: ignore[return-value]
+
+
+def test_each_answer_is_its_own_requests_task_and_dedupe_losers_are_none(
+    db: Database, model_id: str
+) -> None:
+    holder = new_task(db, model_id, dedupe_key="held")
+    batch = [
+        request(model_id, 0),
+        request(model_id, 1, dedupe_key="held"),  # an active task holds it
+        request(model_id, 2, dedupe_key="k"),
+        request(model_id, 3, dedupe_key="k"),  # the first in the batch wins
+        request(model_id, 4, dedupe_key="k", client="client-b"),  # another client's key
+        request(model_id, 5, run_at=1_000),  # long past: kept as given
+    ]
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        answers = insert_tasks(db, conn, batch, now)
+    assert [answer is None for answer in answers] == [False, True, False, True, False, False]
+    for new, answer in zip(batch, answers, strict=True):
+        if answer is None:
+            continue
+        row = task_row(db, answer.id)
+        assert (row.client_id, row.metadata_json, row.dedupe_key) == (
+            new.client_id, json.dumps(new.metadata, separators=(",", ":")), new.dedupe_key)
+        assert answer.metadata_json == row.metadata_json and answer.run_at == row.run_at
+        assert row.run_at == (now if new.run_at is None else new.run_at)
+        assert event_types(db, answer.id) == ["response.created"]
+    assert counts(db) == (5, 5, 5)  # the holder and four new ones
+    assert task_row(db, holder).status == "queued"
+
+
+def test_batches_larger_than_a_driver_page_still_map_by_id(
+    db: Database, model_id: str
+) -> None:
+    # Every 7th request shares one of 30 dedupe keys, so losers are spread over all pages.
+    batch = [request(model_id, n, dedupe_key=f"k{n % 30}" if n % 7 == 0 else None)
+             for n in range(2_600)]
+    first_holders = {f"k{n % 30}": n for n in reversed(range(0, 2_600, 7))}
+    with db.write() as conn:
+        answers = insert_tasks(db, conn, batch, db.clock.now_ms())
+    with db.read() as conn:
+        stored = dict(conn.execute(select(tasks.c.id, tasks.c.metadata_json)).tuples().all())
+    assert len(answers) == len(batch)
+    for n, (new, answer) in enumerate(zip(batch, answers, strict=True)):
+        wins = new.dedupe_key is None or first_holders[new.dedupe_key] == n
+        assert (answer is not None) == wins
+        if answer is not None:
+            assert json.loads(stored[answer.id]) == new.metadata
+    born = 2_600 - 2_600 // 7 - 1 + 30
+    assert counts(db) == (born, born, born)
+
+
+def test_an_unknown_model_refuses_the_whole_batch_before_writing(
+    db: Database, model_id: str
+) -> None:
+    with pytest.raises(InvalidInput) as refused, db.write() as conn:
+        insert_tasks(db, conn, [request(model_id, 1), request("nope", 2)], db.clock.now_ms())
+    assert refused.value.code == "model_not_found"
+    assert counts(db) == (0, 0, 0)
+
+
+def test_insert_task_is_a_batch_of_one(db: Database, model_id: str) -> None:
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        first = insert_task(db, conn, request(model_id, 1, dedupe_key="d"), now)
+        second = insert_task(db, conn, request(model_id, 2, dedupe_key="d"), now)
+        assert insert_tasks(db, conn, [], now) == []
+    assert first is not None and second is None
+    assert (first.status, first.last_seq, first.output_text) == ("queued", 1, "")
+    assert counts(db) == (1, 1, 1)

@@ -1,0 +1,37 @@
+"""`new_task`: the task a validated `POST /v1/responses` body asks for."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.errors import InvalidInput
+from core.requests import ResponseRequest, new_task
+from core.settings import Settings
+from core.states import OnRestart
+
+SETTINGS = Settings(database_url="sqlite:///unused.db", max_attempts_default=3,
+                    max_attempts_cap=5)
+
+
+def body(**fields: object) -> ResponseRequest:
+    return ResponseRequest.model_validate({"model": "m", "input": "hi", **fields})
+
+
+def test_every_field_reaches_the_task() -> None:
+    request = body(on_restart="resume", max_attempts=4, metadata={"k": "v"}, dedupe_key="d",
+                   run_at="2024-03-01T00:00:00.001+01:00")
+    task = new_task(request, client_id="c", settings=SETTINGS, schedule_id="sched_1")
+    assert (task.client_id, task.model, task.on_restart, task.max_attempts) == (
+        "c", "m", OnRestart.RESUME, 4)
+    assert (task.metadata, task.dedupe_key, task.schedule_id) == ({"k": "v"}, "d", "sched_1")
+    assert task.run_at == 1_709_247_600_001  # 2024-02-29T23:00:00.001Z, exactly
+    assert task.request_json == request.stored_json() and "run_at" not in task.request_json
+
+
+def test_max_attempts_defaults_and_is_refused_or_clamped_above_the_cap() -> None:
+    assert new_task(body(), client_id="c", settings=SETTINGS).max_attempts == 3
+    with pytest.raises(InvalidInput) as refused:
+        new_task(body(max_attempts=6), client_id="c", settings=SETTINGS)
+    assert refused.value.extra == {"field": "max_attempts"}
+    clamped = new_task(body(max_attempts=6), client_id="c", settings=SETTINGS, above_cap="clamp")
+    assert clamped.max_attempts == 5
