@@ -23,6 +23,7 @@ from core.ids import sortable_id
 from core.requests import ResponseRequest
 from core.settings import Settings
 from core.store.database import Database
+from core.store.pages import newest_first
 from core.tables import models, schedule_slots, schedules
 
 MAX_CATCH_UP = 100
@@ -160,14 +161,8 @@ def list_schedules(
     """A page of schedules, newest first; the cursor is the last id of the page."""
     if not 1 <= limit <= MAX_PAGE:
         raise _refuse("limit", f"must be between 1 and {MAX_PAGE}")
-    query = (select(schedules).where(*_visible(client_id))
-             .order_by(schedules.c.id.desc()).limit(limit + 1))
-    if after is not None:
-        query = query.where(schedules.c.id < after)
-    rows = list(conn.execute(query))
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return rows, (rows[-1].id if more and rows else None)
+    query = select(schedules).where(*_visible(client_id))
+    return newest_first(conn, query, schedules.c.id, limit=limit, after=after)
 
 
 def schedule_object(row: Row[Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from core.ids import sortable_id
 from core.objects import response_object
 from core.states import TERMINAL, OnRestart, Status
 from core.store.database import Database
+from core.store.pages import newest_first
 from core.store.transitions import Event, move
 from core.tables import idempotency_keys, models, responses, task_events, tasks
 
@@ -320,17 +321,12 @@ def list_tasks(
     after: str | None = None,
 ) -> tuple[list[Row[Any]], str | None]:
     """A page of tasks, newest first; the cursor is the last id of the page."""
-    query = select(tasks).where(*visible(client_id)).order_by(tasks.c.id.desc()).limit(limit + 1)
+    query = select(tasks).where(*visible(client_id))
     if status is not None:
         query = query.where(tasks.c.status == status.value)
     if dead_lettered:
         query = query.where(tasks.c.dead_lettered == 1)
-    if after is not None:
-        query = query.where(tasks.c.id < after)
-    rows = list(conn.execute(query))
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return rows, (rows[-1].id if more and rows else None)
+    return newest_first(conn, query, tasks.c.id, limit=limit, after=after)
 
 
 @dataclass(frozen=True)
