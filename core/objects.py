@@ -113,7 +113,7 @@ def response_object(
         "max_output_tokens": request.get("max_output_tokens"),
         "temperature": request.get("temperature"),
         "top_p": request.get("top_p"),
-        "output": [message_item(task.id, text, done=current in TERMINAL)] if show_output else [],
+        "output": [_final_message(task.id, text, current)] if show_output else [],
         "parallel_tool_calls": False,
         "tool_choice": "none",
         "tools": [],
@@ -133,15 +133,44 @@ def response_object(
     }
 
 
+def _final_message(task_id: str, text: str, status: Status) -> dict[str, Any]:
+    """The message as a response object shows it; cut short by a failure or a cancel,
+    it is `incomplete`, as OpenAI marks such output."""
+    item = message_item(task_id, text, done=status in TERMINAL)
+    if status in (Status.FAILED, Status.CANCELLED):
+        item["status"] = "incomplete"
+    return item
+
+
 def event_object(task: Row[Any], response: Row[Any] | None, event: Row[Any]) -> dict[str, Any]:
-    """`{seq, type, created_at, data}`; `data` is the event JSON clients stream."""
+    """`{seq, type, created_at, data}`; `data` is the event JSON clients stream.
+
+    Shaped for OpenAI's SDKs, which parse `data` into their typed events:
+    - an event's `error` (the failure of `response.failed`, the cause of a retry's
+      `response.queued`) is shown as `response.error`, where OpenAI puts it, and never
+      at the top level: the Python SDK takes any streamed data with a top-level `error`
+      for a broken stream and raises, which would end a stream the task outlives;
+    - text deltas and `response.output_text.done` carry `logprobs` (none), which the
+      SDK's stream helper reads.
+    """
     data: dict[str, Any] = {"type": event.type, "sequence_number": event.seq}
     own = json.loads(event.data)
+    error = own.pop("error", None)
     status = LIFECYCLE_STATUS.get(event.type)
     if status is not None:
-        data["response"] = response_object(task, response, status=status, error=own.get("error"))
+        data["response"] = response_object(task, response, status=status, error=error)
+    if event.type in _WITH_LOGPROBS:
+        data["logprobs"] = []
     data.update(own)
     return {"seq": event.seq, "type": event.type, "created_at": iso(event.created_at), "data": data}
+
+
+_WITH_LOGPROBS = frozenset({"response.output_text.delta", "response.output_text.done"})
+
+
+def deleted_object(task_id: str) -> dict[str, Any]:
+    """What `DELETE /v1/responses/{id}` answers (OpenAI's deletion object)."""
+    return {"id": task_id, "object": "response.deleted", "deleted": True}
 
 
 def model_object(model: Row[Any]) -> dict[str, Any]:

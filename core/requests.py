@@ -92,6 +92,7 @@ def new_task(
     settings: Settings,
     above_cap: Literal["refuse", "clamp"] = "refuse",
     schedule_id: str | None = None,
+    now_ms: int | None = None,
 ) -> NewTask:
     """The task a validated body asks for, owned by `client_id`.
 
@@ -99,6 +100,11 @@ def new_task(
     a caller asking for more is refused (`"refuse"`, the API: it can fix its request); a
     schedule firing unattended is held to the cap (`"clamp"`: the cap may have been
     lowered since the schedule was accepted, and nobody is there to fix it).
+
+    `now_ms` is given by the API: a `run_at` at or before it is dropped, so the task is
+    due at once like one without `run_at`. Claims take the oldest `run_at` first, and a
+    client must not put its task ahead of those already waiting by dating it in the
+    past. A schedule gives none: its task keeps its slot's time.
     """
     attempts = request.max_attempts or settings.max_attempts_default
     if attempts > settings.max_attempts_cap:
@@ -107,10 +113,12 @@ def new_task(
                                f"max_attempts: must be at most {settings.max_attempts_cap}",
                                extra={"field": "max_attempts"})
         attempts = settings.max_attempts_cap
+    run_at = None if request.run_at is None else epoch_ms(request.run_at)
+    if run_at is not None and now_ms is not None and run_at <= now_ms:
+        run_at = None
     return NewTask(
         client_id=client_id, model=request.model, request_json=request.stored_json(),
-        on_restart=request.on_restart, max_attempts=attempts,
-        run_at=None if request.run_at is None else epoch_ms(request.run_at),
+        on_restart=request.on_restart, max_attempts=attempts, run_at=run_at,
         metadata=dict(request.metadata), dedupe_key=request.dedupe_key, schedule_id=schedule_id,
     )
 

@@ -1,49 +1,41 @@
-"""Creating work (SPEC 3.1) and reading the response object it builds.
+"""Creating work (SPEC 3.1) and the OpenAI-compatible surface around it (SPEC 3.5).
 
 `POST /v1/responses` persists the task (with its first event and the idempotency
 record) in one transaction before answering. What follows depends on the request:
 `202` at once (the default, or `Prefer: respond-async`); an SSE stream of the task's
 events (`stream: true`); or, for `background: false`, a wait on the live tail of up to
 `sync_timeout_seconds` for the finished object (`200`), else the unfinished one (`202`).
+
+The other routes are what OpenAI's SDKs call on an existing response (its id is its
+task's id): `retrieve` (the object, or with `?stream=true` its events as SSE),
+`cancel` and `delete`. They answer as OpenAI does, so `OpenAI(base_url=…/v1)` works
+unchanged; `/v1/tasks` keeps the stricter task semantics (409 on a finished task).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from litestar import Response, get, post
+from litestar import Response, delete, get, post
 from litestar.params import Parameter
 from litestar.response import Stream
 
-from core.errors import InvalidInput
+from core.errors import Conflict
 from core.idempotency import IdempotencyClaim, parse_key, request_digest
-from core.objects import response_object
-from core.requests import ResponseRequest
-from core.settings import Settings
+from core.objects import deleted_object, response_object
+from core.requests import ResponseRequest, new_task
 from core.states import TERMINAL, Status
-from core.store.tasks import NewTask
+from core.store.tasks import cancel, delete_finished
 from handlers.answers import json_bytes, task_location
 from handlers.auth import ClientRequest, requires
 from handlers.live import read_task, settled
 from handlers.params import TaskId
 from handlers.services import Services
-from handlers.sse import event_stream
-from handlers.threads import blocking
+from handlers.sse import LastEventId, event_stream, resume_point
+from handlers.threads import blocking, writing
 
 RESPONSES_PATH = "/v1/responses"
-
-
-def new_task(request: ResponseRequest, client_id: str, settings: Settings) -> NewTask:
-    """The task a validated body asks for; `max_attempts` is held to the configured cap."""
-    attempts = request.max_attempts or settings.max_attempts_default
-    if attempts > settings.max_attempts_cap:
-        raise InvalidInput("validation_error",
-                           f"max_attempts: must be at most {settings.max_attempts_cap}",
-                           extra={"field": "max_attempts"})
-    run_at = int(request.run_at.timestamp() * 1000) if request.run_at is not None else None
-    return NewTask(client_id=client_id, model=request.model, request_json=request.stored_json(),
-                   on_restart=request.on_restart, max_attempts=attempts, run_at=run_at,
-                   metadata=dict(request.metadata), dedupe_key=request.dedupe_key)
+ONE_RESPONSE = f"{RESPONSES_PATH}/{{response_id:str}}"
 
 
 def _respond_async(prefer: str | None) -> bool:
@@ -65,7 +57,7 @@ async def create_response(
 ) -> Response[Any] | Stream:
     """Create a task; `202` with `Location` and the response object (status `queued`)."""
     client, db, settings = request.user, services.db, services.settings
-    new = new_task(data, client.id, settings)
+    new = new_task(data, client_id=client.id, settings=settings, now_ms=db.clock.now_ms())
     claim = None
     if idempotency_key is not None:
         digest = request_digest("POST", RESPONSES_PATH, await request.json())
@@ -91,14 +83,69 @@ async def create_response(
                     headers=task_location(task.id))
 
 
-@get(f"{RESPONSES_PATH}/{{response_id:str}}", opt=requires("tasks:read"),
-     tags=["responses"])
+@get(ONE_RESPONSE, opt=requires("tasks:read"), tags=["responses"])
 async def show_response(
+    request: ClientRequest,
+    response_id: TaskId,
+    services: Services,
+    stream: Annotated[bool, Parameter(
+        description="answer with the events as Server-Sent Events instead")] = False,
+    starting_after: Annotated[int, Parameter(
+        ge=0, le=2**31,
+        description="with `stream`: only the events after this sequence number")] = 0,
+    last_event_id: LastEventId = None,
+) -> Response[Any] | Stream:
+    """The stored response object; with `?stream=true`, its events after
+    `starting_after` (or `Last-Event-ID`) as SSE, live ones following, closed after the
+    terminal event. The query parameter decides, not `Accept`: OpenAI's SDK sends
+    `Accept: application/json` when it streams."""
+    owner = request.user.owner_filter
+    if stream:
+        return await event_stream(services.db, services.tail, response_id, owner,
+                                  resume_point(starting_after, last_event_id))
+    task = await blocking(read_task, services.db, response_id, owner)
+    return Response(response_object(task, task))
+
+
+@post(f"{ONE_RESPONSE}/cancel", opt=requires("tasks:cancel"), status_code=200,
+      tags=["responses"])
+async def cancel_response(
     request: ClientRequest, response_id: TaskId, services: Services
 ) -> dict[str, Any]:
-    """The stored response object; its id is its task's id."""
-    task = await blocking(read_task, services.db, response_id, request.user.owner_filter)
+    """Cancel as OpenAI does: `200` with the response object, whatever the state.
+
+    A queued response is `cancelled` at once; a running one is `in_progress` until its
+    worker stops (`cancelled` follows). One that had already finished comes back
+    unchanged rather than as the `409` of `POST /v1/tasks/{id}/cancel`: OpenAI documents
+    cancelling as idempotent, and its SDKs retry a 409.
+    """
+    try:
+        outcome = await writing(services.db, cancel, services.db, response_id,
+                                request.user.owner_filter)
+        task = outcome.task
+    except Conflict as finished:
+        if finished.code != "task_already_finished":
+            raise
+        task = finished.extra["task"]
     return response_object(task, task)
 
 
-ROUTES = [create_response, show_response]
+@delete(ONE_RESPONSE, opt=requires("tasks:cancel"), status_code=200, tags=["responses"])
+async def delete_response(
+    request: ClientRequest, response_id: TaskId, services: Services
+) -> dict[str, Any]:
+    """Remove a finished response with its task and events: `200` with OpenAI's deletion
+    object (the SDK's `responses.delete` reads no body, so any 2xx would do; the object
+    tells other clients what happened). An active one is `409 task_not_finished`
+    (`x-should-retry: false`): cancel it first.
+
+    Scope `tasks:cancel`, like cancelling: both decide the fate of work that exists,
+    while `responses:create` only adds work, so a client that may only submit cannot
+    erase results.
+    """
+    await writing(services.db, delete_finished, services.db, response_id,
+                  request.user.owner_filter)
+    return deleted_object(response_id)
+
+
+ROUTES = [create_response, show_response, cancel_response, delete_response]

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+from litestar.params import Parameter
 from litestar.response import Stream
 
 from core.errors import NotFound
@@ -28,6 +29,17 @@ KEEPALIVE_SECONDS = 15.0
 KEEPALIVE = b": keepalive\n"
 STREAM_PAGE = 100
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+Seq = Annotated[int, Parameter(ge=0, le=2**31)]
+LastEventId = Annotated[int | None, Parameter(
+    header="Last-Event-ID", ge=0, le=2**31,
+    description="the last event a reconnecting SSE client saw; resume after it")]
+
+
+def resume_point(after: int, last_event_id: int | None) -> int:
+    """Where a stream starts: `Last-Event-ID` wins over the query, since a reconnecting
+    client repeats its first URL but reports how far it has read since."""
+    return after if last_event_id is None else last_event_id
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from handlers.auth import ClientRequest, requires
 from handlers.live import settled
 from handlers.params import Cursor, PageLimit, TaskId
 from handlers.services import Services
-from handlers.sse import event_stream, read_events_page
+from handlers.sse import LastEventId, Seq, event_stream, read_events_page, resume_point
 from handlers.threads import blocking, writing
 
 MAX_WAIT_SECONDS = 60
@@ -75,18 +75,17 @@ async def task_events(
     request: ClientRequest,
     task_id: TaskId,
     services: Services,
-    after: Annotated[int, Parameter(ge=0, le=2**31)] = 0,
+    after: Seq = 0,
     limit: Annotated[int, Parameter(ge=1, le=MAX_EVENTS_PAGE)] = 100,
-    last_event_id: Annotated[int | None, Parameter(header="Last-Event-ID", ge=0,
-                                                   le=2**31)] = None,
+    last_event_id: LastEventId = None,
 ) -> Response[Any] | Stream:
     """`{data, next_after}` pages of events after `after`; with `Accept:
     text/event-stream`, the same events as SSE (resume with `Last-Event-ID` or `?after=`),
     live ones following, closed after the terminal event."""
     owner = request.user.owner_filter
     if "text/event-stream" in request.headers.get("accept", ""):
-        resume = last_event_id if last_event_id is not None else after
-        return await event_stream(services.db, services.tail, task_id, owner, resume)
+        return await event_stream(services.db, services.tail, task_id, owner,
+                                  resume_point(after, last_event_id))
     events = await blocking(read_events_page, services.db, task_id, owner, after, limit)
     return Response({"object": "list", "data": events.events,
                      "next_after": events.next_after(after)})

@@ -35,3 +35,15 @@ def test_max_attempts_defaults_and_is_refused_or_clamped_above_the_cap() -> None
     assert refused.value.extra == {"field": "max_attempts"}
     clamped = new_task(body(max_attempts=6), client_id="c", settings=SETTINGS, above_cap="clamp")
     assert clamped.max_attempts == 5
+
+
+def test_a_past_run_at_is_dropped_when_the_api_gives_now() -> None:
+    now = 1_709_247_600_000  # 2024-02-29T23:00:00Z
+    past, future = body(run_at="2024-02-29T22:59:59Z"), body(run_at="2024-02-29T23:00:01Z")
+    assert new_task(past, client_id="c", settings=SETTINGS, now_ms=now).run_at is None
+    assert new_task(future, client_id="c", settings=SETTINGS, now_ms=now).run_at == now + 1000
+
+
+def test_a_past_run_at_is_kept_without_now_as_a_schedule_slot_is() -> None:
+    past = body(run_at="2024-02-29T22:59:59Z")
+    assert new_task(past, client_id="c", settings=SETTINGS).run_at == 1_709_247_599_000
