@@ -81,9 +81,8 @@ def verified_model_file(db: Database, models_dir: Path, model_id: str) -> tuple[
     if row is None:
         raise EngineError("model_not_found", "the task's model is no longer registered",
                           retryable=False)
-    path = models_dir / row.path
     try:
-        real = resolve_inside(models_dir, path)
+        real = resolve_inside(models_dir, row.path)
     except InvalidInput as exc:
         raise EngineError(exc.code, exc.message, retryable=False) from None
     if real.stat().st_size != row.size_bytes or sha256_of(real) != row.sha256:

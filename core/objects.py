@@ -125,7 +125,7 @@ def response_object(
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": in_tokens + out_tokens,
         }
-        if current in TERMINAL or out_tokens
+        if current in TERMINAL or (status is None and out_tokens)
         else None,
         "error": error if error is not None else (error_of(task) if current in TERMINAL else None),
         "incomplete_details": None,

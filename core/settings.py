@@ -76,6 +76,13 @@ class Settings(BaseSettings):
             raise ValueError("must be a 5-field cron expression")
         return value
 
+    @field_validator("models_dir")
+    @classmethod
+    def _absolute_models_dir(cls, value: Path) -> Path:
+        # Model paths are stored relative to this directory and joined with it later;
+        # anchoring it once at start-up keeps "./models" from meaning two places.
+        return value.expanduser().absolute()
+
     @field_validator("database_url")
     @classmethod
     def _known_store(cls, value: str) -> str:

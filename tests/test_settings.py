@@ -65,3 +65,9 @@ def test_an_unknown_key_in_the_toml_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "taskward.toml").write_text("lease_secondz = 60\n")
     with pytest.raises(SettingsError, match="LEASE_SECONDZ"):
         load_settings()
+
+
+def test_a_relative_models_dir_is_anchored_at_start_up(tmp_path: Path) -> None:
+    # Stored model paths are relative to this directory; "./models" must mean one place.
+    settings = load_settings()
+    assert settings.models_dir == tmp_path / "models"
