@@ -28,6 +28,7 @@ def execute_due(db: Database, settings: Settings, *, stop: threading.Event) -> d
     try:
         while not stop.is_set() and time.monotonic() < claim_until:
             slot_freed.clear()
+            workers.gather_slots()
             started = workers.claim()
             if started == 0 and not workers.busy():
                 break

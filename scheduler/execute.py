@@ -36,6 +36,7 @@ from core.store import claims
 from core.store.database import Database
 from scheduler.attempt import WAKE, Attempt, Outcome, StopReason
 from scheduler.backoff import retry_delay_ms
+from scheduler.group_commit import GroupCommit
 from scheduler.output import Output
 
 log = logging.getLogger(__name__)
@@ -62,21 +63,30 @@ class _Raised:
 
 
 VerifyModel = Callable[[str], tuple[str, ModelFile]]
+Complete = Callable[[claims.Completion], None]
 
 
 def execute(
-    db: Database, settings: Settings, attempt: Attempt, *, verify: VerifyModel | None = None
+    db: Database,
+    settings: Settings,
+    attempt: Attempt,
+    *,
+    verify: VerifyModel | None = None,
+    complete: Complete | None = None,
 ) -> Outcome:
     """Run `attempt` and return how it ended. Never raises for a task's own failure.
 
     `verify(model_id)` checks the model entry and file (default: `verified_model_file`
-    now); a worker passes one shared by the attempts of one claim batch. The engine
-    thread it starts is left on `attempt.engine_thread`: it normally ends with the
-    attempt, and whoever owns the attempt joins it (a hung engine included).
+    now); a worker passes one shared by the attempts of one claim batch. `complete`
+    writes the completion, raising its fenced failure (default: a transaction of its
+    own); a worker passes its group commit. The engine thread it starts is left on
+    `attempt.engine_thread`: it normally ends with the attempt, and whoever owns the
+    attempt joins it (a hung engine included).
     """
     verify = verify or partial(verified_model_file, db, settings.models_dir)
+    complete = complete or GroupCommit(partial(claims.complete_all, db)).submit
     try:
-        return _execute(db, settings, attempt, verify)
+        return _execute(db, settings, attempt, verify, complete)
     except CancelRequested:
         return _finish_cancelled(db, attempt)
     except LeaseLost:
@@ -85,7 +95,9 @@ def execute(
         attempt.end()
 
 
-def _execute(db: Database, settings: Settings, attempt: Attempt, verify: VerifyModel) -> Outcome:
+def _execute(
+    db: Database, settings: Settings, attempt: Attempt, verify: VerifyModel, complete: Complete
+) -> Outcome:
     claim = attempt.claim
     try:
         request = generation_request(json.loads(claim.request_json))
@@ -104,7 +116,7 @@ def _execute(db: Database, settings: Settings, attempt: Attempt, verify: VerifyM
         target=_produce, args=(engine, model_file, request, snapshot, attempt),
         name=f"engine-{claim.task_id}", daemon=True)
     attempt.engine_thread.start()
-    return _stream(db, settings, attempt)
+    return _stream(db, settings, attempt, complete)
 
 
 def _produce(
@@ -125,7 +137,7 @@ def _produce(
         attempt.inbox.put(_Raised(exc))
 
 
-def _stream(db: Database, settings: Settings, attempt: Attempt) -> Outcome:
+def _stream(db: Database, settings: Settings, attempt: Attempt, complete: Complete) -> Outcome:
     """Consume the engine's inbox until an outcome; flush on time and size.
 
     `loading -> running` is not a transaction of its own: it rides with the first
@@ -136,7 +148,7 @@ def _stream(db: Database, settings: Settings, attempt: Attempt) -> Outcome:
     clock = db.clock
     output = Output(attempt.claim, interval_ms=settings.flush_interval_ms,
                     max_bytes=settings.flush_bytes, now_ms=clock.now_ms())
-    writes = _Writes(db, attempt, output, running=attempt.claim.resumed)
+    writes = _Writes(db, attempt, output, complete, running=attempt.claim.resumed)
     while True:
         now = clock.now_ms()
         wait_ms = min(_TICK_MS, max(0, attempt.deadline_ms - now), writes.ms_until_due(now))
@@ -165,10 +177,14 @@ def _stream(db: Database, settings: Settings, attempt: Attempt) -> Outcome:
 class _Writes:
     """The attempt's fenced writes of output, each carrying the pending start if any."""
 
-    def __init__(self, db: Database, attempt: Attempt, output: Output, *, running: bool) -> None:
+    def __init__(
+        self, db: Database, attempt: Attempt, output: Output, complete: Complete, *,
+        running: bool,
+    ) -> None:
         self._db = db
         self._attempt = attempt
         self._output = output
+        self._complete = complete
         self._running = running
         self._start_by_ms: int | None = None
 
@@ -203,8 +219,9 @@ class _Writes:
 
     def complete(self) -> None:
         events, text = self._output.take_closing()
-        claims.complete(self._db, self._attempt.task_id, self._attempt.claim.owner_token,
-                        events, usage=self._output.usage, text=text, start=not self._running)
+        self._complete(claims.Completion(self._attempt.task_id, self._attempt.claim.owner_token,
+                                         events, self._output.usage, text,
+                                         start=not self._running))
 
 
 def _stop(

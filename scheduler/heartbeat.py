@@ -54,8 +54,9 @@ class LeaseKeeper:
         while not self._stop.wait(self._tick):
             with self._lock:
                 held = list(self._held.values())
+            due = self._db.clock.now_ms() - self._heartbeat_ms
             for attempt in held:
-                if self._db.clock.now_ms() - attempt.renewed_at_ms >= self._heartbeat_ms:
+                if attempt.renewed_at_ms <= due:
                     self._renew(attempt)
 
     def _renew(self, attempt: Attempt) -> None:

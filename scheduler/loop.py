@@ -127,6 +127,7 @@ class SweeperLoop:
         while not self._stopping.is_set():
             self._wake.clear()
             try:
+                self._workers.gather_slots()
                 started = self._workers.claim()
             except Exception:
                 log.exception("claim failed; retrying")

@@ -2,7 +2,9 @@
 
 `TASKWARD_WORKER_CONCURRENCY` slots; a claim never takes more tasks than there are
 free slots, since a claimed task waiting in memory would hold a lease nobody works on.
-Every thread here has an owner: runner threads belong to the executor, engine threads
+Attempts that end together complete in one transaction (`GroupCommit`), and a claim
+waits a moment for slots about to free up, so short tasks cost a few transactions per
+batch instead of several per task. Every thread here has an owner: runner threads belong to the executor, engine threads
 to their attempts, the lease keeper to the pool, and `stop` ends them all.
 """
 
@@ -23,12 +25,18 @@ from core.store import claims
 from core.store.database import Database
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.execute import VerifyModel, execute
+from scheduler.group_commit import GroupCommit
 from scheduler.heartbeat import LeaseKeeper
 
 log = logging.getLogger(__name__)
 
 _HAND_BACK_GRACE_SECONDS = 10  # for runners to write their releases after the drain
 _ENGINE_JOIN_SECONDS = 5  # an engine that ignores `should_stop` is left to process exit
+# Short tasks share transactions: a claim waits up to `_GATHER_SECONDS` for slots about
+# to free up, a completion as long for the attempts ending with it, as long as one joins
+# every `_QUIET_SECONDS` (see `GroupCommit`), so a long task's completion hardly waits.
+_GATHER_SECONDS = 0.02
+_QUIET_SECONDS = 0.005
 
 
 class Workers:
@@ -44,6 +52,7 @@ class Workers:
         self._on_slot_freed = on_slot_freed
         self._slots = settings.worker_concurrency
         self._active: dict[str, Attempt] = {}
+        self._backlog = False
         self._engines: list[Attempt] = []  # attempts whose engine thread may still run
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -51,6 +60,8 @@ class Workers:
         self.claimed = 0
         self._keeper = LeaseKeeper(db, lease_ms=int(settings.lease_seconds * 1000),
                                    heartbeat_ms=int(settings.heartbeat_seconds * 1000))
+        self._completions = GroupCommit(partial(claims.complete_all, db), running=self.running,
+                                        gather_seconds=_GATHER_SECONDS, quiet_seconds=_QUIET_SECONDS)
         self._executor = ThreadPoolExecutor(max_workers=self._slots,
                                             thread_name_prefix="taskward-runner")
         self._keeper.start()
@@ -59,9 +70,35 @@ class Workers:
         with self._lock:
             return self._slots - len(self._active)
 
+    def running(self) -> int:
+        with self._lock:
+            return len(self._active)
+
     def busy(self) -> bool:
         with self._lock:
             return bool(self._active)
+
+    def gather_slots(self) -> None:
+        """Before a claim, when the last one found more due work than free slots: while
+        attempts run, wait for more slots to free up, at most `_GATHER_SECONDS` in all
+        and `_QUIET_SECONDS` without one freeing.
+
+        Attempts that end together (one group commit) free their slots one by one; a
+        claim at the first would take one task, and the next claim the rest. Waiting a
+        moment makes it one claim, while a slot freed among long-running attempts is
+        refilled after a few milliseconds. Without a backlog nothing waits: a new task
+        is claimed at once.
+        """
+        deadline = time.monotonic() + _GATHER_SECONDS
+        with self._lock:
+            while self._backlog and self._active:
+                left = min(deadline - time.monotonic(), _QUIET_SECONDS)
+                running = len(self._active)
+                if left <= 0:
+                    return
+                self._idle.wait(left)
+                if len(self._active) == running:
+                    return
 
     def claim(self) -> int:
         """Claim due work into the free slots and start it; returns how many started."""
@@ -71,6 +108,8 @@ class Workers:
         taken = claims.claim(self._db, limit=free,
                              lease_ms=int(self._settings.lease_seconds * 1000),
                              node_id=self._settings.node_id)
+        with self._lock:
+            self._backlog = len(taken) == free  # more may be due: worth gathering slots
         timeout_ms = int(self._settings.task_timeout_seconds * 1000)
         verify = verified_once(partial(verified_model_file, self._db, self._settings.models_dir))
         for claim in taken:
@@ -84,7 +123,8 @@ class Workers:
 
     def _run(self, attempt: Attempt, verify: VerifyModel) -> None:
         try:
-            outcome = execute(self._db, self._settings, attempt, verify=verify)
+            outcome = execute(self._db, self._settings, attempt, verify=verify,
+                              complete=self._completions.submit)
         except Exception:  # a database outage: the lease will expire and policy applies
             log.exception("task %s: attempt abandoned", attempt.task_id)
             outcome = Outcome.LOST
@@ -114,15 +154,19 @@ class Workers:
     def stop(self, *, drain_seconds: float) -> None:
         """Graceful stop (the caller has stopped claiming): let running attempts finish
         for `drain_seconds`, then hand the rest back (attempt refunded, snapshot kept)."""
-        if not self.wait_idle(drain_seconds):
+        idle = self.wait_idle(drain_seconds)
+        if not idle:
             with self._lock:
                 left = list(self._active.values())
             log.info("handing back %d unfinished task(s)", len(left))
             for attempt in left:
                 attempt.raise_flag(StopReason.HAND_BACK)
-            if not self.wait_idle(_HAND_BACK_GRACE_SECONDS):
+            idle = self.wait_idle(_HAND_BACK_GRACE_SECONDS)
+            if not idle:
                 log.warning("runners still busy after the hand-back; their leases will expire")
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        # Idle runner threads end at once and are joined; a runner stuck in a database
+        # call is left to process exit rather than hanging the stop.
+        self._executor.shutdown(wait=idle, cancel_futures=True)
         self._keeper.stop()
         with self._lock:
             engines = [a.engine_thread for a in self._engines if a.engine_thread is not None]

@@ -13,9 +13,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from sqlalchemy import ClauseElement, ColumnElement, Connection, Row, bindparam, insert, update
+from sqlalchemy import (
+    ClauseElement,
+    ColumnElement,
+    Connection,
+    Row,
+    bindparam,
+    func,
+    insert,
+    tuple_,
+    update,
+)
 
 from core.errors import ForbiddenTransition
 from core.states import Status, is_allowed
@@ -35,14 +45,44 @@ EventsFor = Callable[[Row[Any]], Sequence[Event]]
 
 @dataclass(frozen=True)
 class Held:
-    """The fencing condition of a worker's write: this task, held by this owner token.
+    """The fencing condition of worker writes: tasks, each held by its own owner token.
 
-    Passed as `where`, it lets `move` use a prepared statement: the worker's writes are
-    the hottest path, and building an UPDATE anew costs SQLAlchemy as much as running it.
+    Several pairs make one set-based write (`id IN ids AND (id, owner) IN pairs`: the
+    first term lets SQLite use the primary key, the second is the exact fence); a task
+    id may appear only once, since the rows returned tell the moved tasks apart by id.
     """
 
-    task_id: str
-    owner: str
+    pairs: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def one(cls, task_id: str, owner: str) -> Held:
+        return cls(((task_id, owner),))
+
+    def __post_init__(self) -> None:
+        if len({task_id for task_id, _ in self.pairs}) != len(self.pairs):
+            raise ValueError("a task id appears twice in one fenced write")
+
+
+@dataclass(frozen=True)
+class Locked:
+    """Tasks this transaction has already selected `FOR UPDATE` (a claim's candidates)."""
+
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Add:
+    """A value for `move`: the column plus `amount` (`attempts + 1`, say)."""
+
+    amount: int
+
+
+@dataclass(frozen=True)
+class IfNull:
+    """A value for `move`: the column's own value, or `value` where it is NULL."""
+
+    value: Any
+
 
 RETURNED = (
     tasks.c.id,
@@ -61,7 +101,7 @@ def move(
     *,
     now: int,
     expected: Iterable[Status],
-    where: Sequence[ColumnElement[bool]] | Held,
+    where: Sequence[ColumnElement[bool]] | Held | Locked,
     to: Status | None,
     events: EventsFor | Sequence[Event],
     values: dict[str, Any] | None = None,
@@ -71,7 +111,13 @@ def move(
     `events` is a list (the same for every row) or a function of the returned row when
     the data differs per task (attempt numbers, say). The per-row event count must be
     the same for all rows, since `last_seq` is bumped in one set-based statement.
+    `values` may hold plain values, `Add`, `IfNull` or SQL expressions.
     Returns the updated rows (post-update values of `RETURNED`).
+
+    A `Held` or `Locked` target with no SQL expression among the values runs a
+    statement built once per shape and reused: these are the worker's and the claim's
+    writes, the hottest path, and building an UPDATE anew costs SQLAlchemy as much as
+    running it.
     """
     expected = frozenset(expected)
     if to is not None:
@@ -84,58 +130,100 @@ def move(
     if count is None:
         count = _event_count(events)
     values = values or {}
-    if isinstance(where, Held) and not any(isinstance(v, ClauseElement) for v in values.values()):
-        statement = _prepared_fenced_update(expected, to, tuple(sorted(values)))
-        params = {f"v_{key}": value for key, value in values.items()}
-        rows = list(conn.execute(statement, {**params, "p_now": now, "p_count": count,
-                                             "p_task_id": where.task_id,
-                                             "p_owner": where.owner}))
+    params: dict[str, Any] = {"p_now": now, "p_count": count}
+    params.update({f"v_{key}": _param(value) for key, value in values.items()
+                   if not isinstance(value, ClauseElement)})
+    if isinstance(where, (Held, Locked)):
+        target, target_params = _target(where)
+        params.update(target_params)
     else:
-        conditions = _held(where) if isinstance(where, Held) else list(where)
-        changes: dict[str, Any] = {"updated_at": now, "last_seq": tasks.c.last_seq + count}
-        if to is not None:
-            changes["status"] = to.value
-        changes.update(values)
-        statement = (
-            update(tasks)
-            .where(tasks.c.status.in_([s.value for s in expected]), *conditions)
-            .values(**changes)
-            .returning(*RETURNED)
-        )
-        rows = list(conn.execute(statement))
+        target = None
+    if target is not None and not any(isinstance(v, ClauseElement) for v in values.values()):
+        statement = _prepared_update(expected, to, target,
+                                     tuple(sorted((k, type(v)) for k, v in values.items())))
+    else:
+        conditions = _conditions(target) if target is not None else list(where)
+        statement = _update(expected, to, conditions, {
+            key: value if isinstance(value, ClauseElement) else _change(key, type(value))
+            for key, value in values.items()})
+    rows = list(conn.execute(statement, params))
     if rows and count:
         conn.execute(_INSERT_EVENTS, list(_event_rows(rows, events, count, now)))
     return rows
 
 
 _INSERT_EVENTS = insert(task_events)
-_prepared: dict[tuple[frozenset[Status], Status | None, tuple[str, ...]], Any] = {}
+_Target = Literal["one", "held", "locked"]  # one held task, several, claimed ones
+_prepared: dict[tuple[frozenset[Status], Status | None, _Target, tuple[Any, ...]], Any] = {}
 
 
-def _held(held: Held) -> list[ColumnElement[bool]]:
-    return [tasks.c.id == held.task_id, tasks.c.owner_token == held.owner]
+def _target(where: Held | Locked) -> tuple[_Target, dict[str, Any]]:
+    """The shape of a `Held` / `Locked` condition and its parameters."""
+    if isinstance(where, Locked):
+        return "locked", {"p_ids": list(where.ids)}
+    if len(where.pairs) == 1:
+        [(task_id, owner)] = where.pairs
+        return "one", {"p_task_id": task_id, "p_owner": owner}
+    return "held", {"p_ids": [task_id for task_id, _ in where.pairs],
+                    "p_pairs": list(where.pairs)}
 
 
-def _prepared_fenced_update(
-    expected: frozenset[Status], to: Status | None, keys: tuple[str, ...]
+def _conditions(target: _Target) -> list[ColumnElement[bool]]:
+    """The `Held` / `Locked` condition over the parameters `_target` names."""
+    if target == "one":
+        return [tasks.c.id == bindparam("p_task_id"), tasks.c.owner_token == bindparam("p_owner")]
+    ids = tasks.c.id.in_(bindparam("p_ids", expanding=True))
+    if target == "locked":
+        return [ids]
+    return [ids, tuple_(tasks.c.id, tasks.c.owner_token).in_(bindparam("p_pairs", expanding=True))]
+
+
+def _change(key: str, kind: type) -> Any:
+    """The SET expression for a value of `kind`, bound to the parameter `v_<key>`."""
+    value = bindparam(f"v_{key}")
+    if kind is Add:
+        return tasks.c[key] + value
+    if kind is IfNull:
+        return func.coalesce(tasks.c[key], value)
+    return value
+
+
+def _param(value: Any) -> Any:
+    if isinstance(value, Add):
+        return value.amount
+    if isinstance(value, IfNull):
+        return value.value
+    return value
+
+
+def _update(
+    expected: frozenset[Status], to: Status | None, conditions: list[ColumnElement[bool]],
+    changes: dict[str, Any],
 ) -> Any:
-    """The fenced UPDATE for one (expected, target, value columns) shape, built once."""
-    shape = (expected, to, keys)
+    values: dict[str, Any] = {"updated_at": bindparam("p_now"),
+                              "last_seq": tasks.c.last_seq + bindparam("p_count")}
+    if to is not None:
+        values["status"] = to.value
+    values.update(changes)
+    return (
+        update(tasks)
+        .where(*conditions, tasks.c.status.in_(sorted(s.value for s in expected)))
+        .values(**values)
+        .returning(*RETURNED)
+    )
+
+
+def _prepared_update(
+    expected: frozenset[Status], to: Status | None, target: _Target,
+    values: tuple[tuple[str, type], ...],
+) -> Any:
+    """The UPDATE for one (expected, target state, where, value columns and kinds)
+    shape, built once."""
+    shape = (expected, to, target, values)
     statement = _prepared.get(shape)
     if statement is None:
-        changes: dict[str, Any] = {"updated_at": bindparam("p_now"),
-                                   "last_seq": tasks.c.last_seq + bindparam("p_count")}
-        if to is not None:
-            changes["status"] = to.value
-        changes.update({key: bindparam(f"v_{key}") for key in keys})
-        statement = _prepared[shape] = (
-            update(tasks)
-            .where(tasks.c.id == bindparam("p_task_id"),
-                   tasks.c.owner_token == bindparam("p_owner"),
-                   tasks.c.status.in_(sorted(s.value for s in expected)))
-            .values(**changes)
-            .returning(*RETURNED)
-        )
+        statement = _prepared[shape] = _update(
+            expected, to, _conditions(target), {key: _change(key, kind) for key, kind in values})
     return statement
 
 

@@ -1,0 +1,100 @@
+"""Group commit: attempts of one worker process that end together share a transaction.
+
+A short task's whole life after its claim is one `complete` transaction, so with many
+slots the commits, not the work, bound throughput. The first runner to arrive leads a
+group: while other attempts still run, it waits for them to join, at most
+`gather_seconds` in all and no longer than `quiet_seconds` without anyone joining (an
+attempt in the middle of a long generation does not hold it up). It then writes every
+completion waiting in one transaction; the others wait for its answer, and whoever
+arrives during the write joins the next group. No thread is added, and each item keeps
+its own outcome: the store fences every task of a group on its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+WriteAll = Callable[[Sequence[T]], Sequence[BaseException | None]]
+
+
+class GroupWriteFailed(Exception):
+    """The group's write raised (a database outage, say): every other member sees this."""
+
+
+class _Ticket(Generic[T]):
+    def __init__(self, item: T) -> None:
+        self.item = item
+        self.done = False
+        self.failure: BaseException | None = None
+
+
+class GroupCommit(Generic[T]):
+    def __init__(
+        self,
+        write_all: WriteAll[T],
+        *,
+        running: Callable[[], int] = lambda: 1,
+        gather_seconds: float = 0.0,
+        quiet_seconds: float = 0.0,
+    ) -> None:
+        """`running()` counts the attempts that may still submit (the leader included):
+        a leader never waits once all of them are in its group."""
+        self._write_all = write_all
+        self._running = running
+        self._gather = gather_seconds
+        self._quiet = quiet_seconds
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # the gathering leader waits here
+        self._written = threading.Condition(self._lock)  # the members wait here
+        self._waiting: list[_Ticket[T]] = []
+        self._leading = False  # a leader is gathering or writing
+
+    def submit(self, item: T) -> None:
+        """Write `item` with whatever else is waiting; raises the item's own failure."""
+        ticket = _Ticket(item)
+        with self._lock:
+            self._waiting.append(ticket)
+            self._arrived.notify()
+            while self._leading and not ticket.done:
+                self._written.wait()
+            group = None if ticket.done else self._gather_group()
+        if group is not None:
+            self._lead(group, ticket)
+        if ticket.failure is not None:
+            raise ticket.failure
+
+    def _gather_group(self) -> list[_Ticket[T]]:
+        self._leading = True
+        deadline = time.monotonic() + self._gather
+        while len(self._waiting) < self._running():
+            left = min(deadline - time.monotonic(), self._quiet)
+            arrived = len(self._waiting)
+            if left <= 0:
+                break
+            self._arrived.wait(left)
+            if len(self._waiting) == arrived:
+                break  # nobody joined for a while: the others are not ending now
+        group, self._waiting = self._waiting, []
+        return group
+
+    def _lead(self, group: list[_Ticket[T]], leader: _Ticket[T]) -> None:
+        failures: list[BaseException | None] = []
+        try:
+            failures = list(self._write_all([t.item for t in group]))
+            if len(failures) != len(group):
+                raise ValueError("a group write must answer for every item")
+        except BaseException as exc:
+            # The original goes up the leader's stack; each member gets its own error.
+            failures = [None if t is leader else GroupWriteFailed(f"the group write failed: "
+                                                                  f"{exc!r}") for t in group]
+            raise
+        finally:
+            with self._lock:
+                for ticket, failure in zip(group, failures, strict=True):
+                    ticket.done, ticket.failure = True, failure
+                self._leading = False
+                self._written.notify_all()
