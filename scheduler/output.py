@@ -34,6 +34,11 @@ class Output:
         self._task_id = claim.task_id
         self._item_id = item_id(claim.task_id)
         self._opened = claim.snapshot_json is not None
+        # This attempt's message: a resumed attempt continues the one it opened; any
+        # other opens the next index, since a retry starts its output over and OpenAI's
+        # stream helper refuses a second item at one index. Same item id: the response
+        # has one message, and its final object lists only the last one.
+        self._index = max(0, claim.items_opened - 1) if self._opened else claim.items_opened
         self._stored = claim.output_text  # all text in the log so far (resumed: the stored)
         self._pending: list[str] = []
         self._pending_bytes = 0
@@ -80,12 +85,13 @@ class Output:
         delta, text = self._delta()
         events = opening + delta
         full = self._stored
-        content = {"item_id": self._item_id, "output_index": 0, "content_index": 0}
+        content = {"item_id": self._item_id, "output_index": self._index, "content_index": 0}
         events += [
             Event("response.output_text.done", {**content, "text": full}),
             Event("response.content_part.done", {**content, "part": output_text_part(full)}),
-            Event("response.output_item.done", {
-                "output_index": 0, "item": message_item(self._task_id, full, done=True)}),
+            Event("response.output_item.done", {"output_index": self._index,
+                                                "item": message_item(self._task_id, full,
+                                                                     done=True)}),
         ]
         return events, text
 
@@ -94,10 +100,11 @@ class Output:
             return []
         self._opened = True
         return [
-            Event("response.output_item.added", {
-                "output_index": 0, "item": message_item(self._task_id, "", done=False)}),
+            Event("response.output_item.added", {"output_index": self._index,
+                                                 "item": message_item(self._task_id, "",
+                                                                      done=False)}),
             Event("response.content_part.added", {
-                "item_id": self._item_id, "output_index": 0, "content_index": 0,
+                "item_id": self._item_id, "output_index": self._index, "content_index": 0,
                 "part": output_text_part("")}),
         ]
 
@@ -109,5 +116,6 @@ class Output:
         self._pending_bytes = 0
         self._stored += text
         return [Event("response.output_text.delta", {
-            "item_id": self._item_id, "output_index": 0, "content_index": 0, "delta": text})], text
+            "item_id": self._item_id, "output_index": self._index, "content_index": 0,
+            "delta": text})], text
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, select, update
+from sqlalchemy import Connection, Row, bindparam, func, select, update
 
 from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
@@ -20,7 +20,7 @@ from core.ids import new_owner_token
 from core.states import OnRestart, Status
 from core.store.database import Database
 from core.store.transitions import Add, Event, EventsFor, Held, IfNull, Locked, move, per_row
-from core.tables import responses, tasks
+from core.tables import responses, task_events, tasks
 
 MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
 
@@ -38,6 +38,7 @@ class Claim:
     snapshot_json: str | None
     output_text: str
     usage: Usage
+    items_opened: int = 0  # `response.output_item.added` events already in the task's log
 
 
 def claim(db: Database, *, limit: int, lease_ms: int, node_id: str) -> list[Claim]:
@@ -64,11 +65,25 @@ def claim(db: Database, *, limit: int, lease_ms: int, node_id: str) -> list[Clai
         return [_claim(candidate, row.attempts, owner) for row, candidate in taken]
 
 
+# How many output items earlier attempts opened (a retry opens its message at the next
+# index: OpenAI's stream helper refuses a second item at one index). Counted over the
+# task's own log by primary key; a first attempt's log holds two events.
+_ITEMS_OPENED = (
+    select(func.count())
+    .select_from(task_events)
+    .where(task_events.c.task_id == tasks.c.id,
+           task_events.c.type == "response.output_item.added")
+    .correlate(tasks)
+    .scalar_subquery()
+    .label("items_opened")
+)
+
+
 def _candidates_query(*where: Any, with_output: bool) -> Any:
     """Due tasks of one kind, oldest first, locked (`p_now`, `p_limit`); a resumable
     task brings its stored output along, a queued one starts over without it."""
     columns = [tasks.c.id, tasks.c.status, tasks.c.attempts, tasks.c.max_attempts,
-               tasks.c.model, tasks.c.request_json, tasks.c.snapshot_json]
+               tasks.c.model, tasks.c.request_json, tasks.c.snapshot_json, _ITEMS_OPENED]
     query = select(*columns)
     if with_output:
         query = (select(*columns, responses.c.output_text, responses.c.input_tokens,
@@ -129,7 +144,8 @@ def _claim(candidate: Row[Any], attempt: int, owner: str) -> Claim:
                  snapshot_json=candidate.snapshot_json if resumed else None,
                  output_text=candidate.output_text if resumed else "",
                  usage=(Usage(candidate.input_tokens, candidate.output_tokens) if resumed
-                        else Usage()))
+                        else Usage()),
+                 items_opened=candidate.items_opened)
 
 
 def dead_letter(conn: Connection, now: int, where: Held | Locked, *, expected: Status) -> int:

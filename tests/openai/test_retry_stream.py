@@ -96,9 +96,6 @@ def test_a_retry_that_opens_its_message_at_the_next_index_streams_through_the_he
     assert [item.id for item in final.output] == [item_id(task_id)]
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "scheduler/output.py opens every attempt's message at output_index 0; the claim must "
-    "say how many items the log already opened (see the OpenAI-compatibility report)"))
 def test_the_worker_opens_a_retrys_message_at_the_next_index(
     alice: Caller, http: TestClient[Any], model_id: str, db: Database
 ) -> None:
