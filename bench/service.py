@@ -162,7 +162,8 @@ def rss_line(running: Running) -> str:
 def measure_service(runs: Runs, data_dir: Path, concurrency: int, model: LlamaLoadedModel,
                     args: argparse.Namespace) -> None:
     """Every figure of one `taskward run` with TASKWARD_WORKER_CONCURRENCY=`concurrency`."""
-    running = runs.start(run_env(data_dir, worker_concurrency=concurrency))
+    running = runs.start(run_env(data_dir, worker_concurrency=concurrency,
+                                 engine_threads=args.threads))
     with running.client(running.pair()) as client:
         warm = create(client, **SERVICE_BODY, max_output_tokens=8)["id"]  # loads the model
         assert finished(client, warm)["status"] == "completed"
@@ -196,9 +197,14 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=6)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--ttfd", type=int, default=20, help="requests for time to first delta")
+    parser.add_argument("--threads", type=int,
+                        default=Settings.model_fields["engine_threads"].default,
+                        help="engine threads per task (TASKWARD_ENGINE_THREADS), both sides")
+    parser.add_argument("--concurrency", default="1,2",
+                        help="TASKWARD_WORKER_CONCURRENCY values to measure")
     args = parser.parse_args()
 
-    threads = Settings.model_fields["engine_threads"].default  # what `taskward run` uses
+    threads = args.threads
     source = default_model_source()
     model = LlamaEngine(EngineOptions(threads=threads)).load(
         ModelFile(DEFAULT_MODEL_ID, source, sha256_of(source)))
@@ -210,7 +216,7 @@ def main() -> None:
         children = Children(Path(tmp) / "logs")
         runs = Runs(children)
         try:
-            for concurrency in (1, 2):
+            for concurrency in (int(c) for c in args.concurrency.split(",")):
                 measure_service(runs, Path(tmp) / f"c{concurrency}", concurrency, model, args)
         finally:
             children.kill_all()

@@ -17,7 +17,6 @@ import json
 from collections import defaultdict
 from typing import Any
 
-import pytest
 from litestar.testing import TestClient
 from openai.types.responses import ResponseTextDeltaEvent
 
