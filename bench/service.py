@@ -1,15 +1,18 @@
 """Real-model figures of `taskward run` (SQLite) beside the bare engine, in one run.
 
-Run from the repository root: `.venv/bin/python -m bench.service [--runs 3]`.
+Run from the repository root: `.venv/bin/python -m bench.service` (options: `--runs`,
+`--tasks`, `--tokens`, `--ttfd`, `--threads` = TASKWARD_ENGINE_THREADS on both sides,
+`--concurrency 1,2`). About 4-5 minutes on 2 shared cores.
 
 - Tokens/s of one greedy task (128 tokens), and the aggregate tokens/s of a burst of
   concurrent tasks (default 6) with TASKWARD_WORKER_CONCURRENCY=1 and =2. The service
   figure is the task's own window in its event log (`response.loading` to the terminal
   event: digest check, model cache, context, prompt, tokens, flushes, the final
   write); the peer is the same generation on the bare engine in this process
-  (`bench.engine.engine_run`), with as many generations at once as the service runs.
-  Service and peer take turns (the peer runs while the service idles) and the best of
-  `--runs` is kept for each: the machine is shared.
+  (`bench.engine.engine_run`), each on a fresh thread as the worker does, with as many
+  generations at once as the service runs. Service and peer take turns (the peer runs
+  while the service idles); the best and the median of `--runs` are printed for each
+  and the overhead is taken between the bests: the machine is shared.
 - Time to the first delta event from the 202 (p50/p99 over `--ttfd` sequential requests
   with a warm model), as a client sees it: the SSE stream is opened right after the
   202 and the clock stops when the first `response.output_text.delta` frame arrives.

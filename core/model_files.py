@@ -86,9 +86,10 @@ def default_model_source() -> Path:
 def install_default_model(models_dir: Path) -> Path:
     """Put the default model into `models_dir` and return its path there.
 
-    A hard link costs no space when the models directory shares the package's
-    filesystem; otherwise the file is copied. The file appears atomically under its
-    final name, and an identical file already in place is kept.
+    Always a copy, never a hard link: a link would let an in-place write in the models
+    directory corrupt the installed package's file, which a later fresh start would
+    then register with its (wrong) digest. The file appears atomically under its final
+    name, and an identical file already in place is kept.
     """
     source = default_model_source()
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -97,9 +98,6 @@ def install_default_model(models_dir: Path) -> Path:
         return target
     partial = target.with_name(f".{target.name}.partial")
     partial.unlink(missing_ok=True)
-    try:
-        os.link(source, partial)
-    except OSError:
-        shutil.copyfile(source, partial)
+    shutil.copyfile(source, partial)
     os.replace(partial, target)
     return target
