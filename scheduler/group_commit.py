@@ -21,6 +21,28 @@ T = TypeVar("T")
 WriteAll = Callable[[Sequence[T]], Sequence[BaseException | None]]
 
 
+def gather(
+    condition: threading.Condition,
+    count: Callable[[], int],
+    enough: Callable[[], bool],
+    *,
+    gather_seconds: float,
+    quiet_seconds: float,
+) -> None:
+    """With `condition` held, wait until `enough()`: at most `gather_seconds` in all and
+    never `quiet_seconds` without `count()` changing. What comes together is gathered;
+    what is far off is not waited for."""
+    deadline = time.monotonic() + gather_seconds
+    while not enough():
+        left = min(deadline - time.monotonic(), quiet_seconds)
+        before = count()
+        if left <= 0:
+            return
+        condition.wait(left)
+        if count() == before:
+            return
+
+
 class GroupWriteFailed(Exception):
     """The group's write raised (a database outage, say): every other member sees this."""
 
@@ -69,15 +91,9 @@ class GroupCommit(Generic[T]):
 
     def _gather_group(self) -> list[_Ticket[T]]:
         self._leading = True
-        deadline = time.monotonic() + self._gather
-        while len(self._waiting) < self._running():
-            left = min(deadline - time.monotonic(), self._quiet)
-            arrived = len(self._waiting)
-            if left <= 0:
-                break
-            self._arrived.wait(left)
-            if len(self._waiting) == arrived:
-                break  # nobody joined for a while: the others are not ending now
+        gather(self._arrived, lambda: len(self._waiting),
+               lambda: len(self._waiting) >= self._running(),
+               gather_seconds=self._gather, quiet_seconds=self._quiet)
         group, self._waiting = self._waiting, []
         return group
 

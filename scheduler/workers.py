@@ -25,16 +25,16 @@ from core.store import claims
 from core.store.database import Database
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.execute import VerifyModel, execute
-from scheduler.group_commit import GroupCommit
+from scheduler.group_commit import GroupCommit, gather
 from scheduler.heartbeat import LeaseKeeper
 
 log = logging.getLogger(__name__)
 
 _HAND_BACK_GRACE_SECONDS = 10  # for runners to write their releases after the drain
 _ENGINE_JOIN_SECONDS = 5  # an engine that ignores `should_stop` is left to process exit
-# Short tasks share transactions: a claim waits up to `_GATHER_SECONDS` for slots about
-# to free up, a completion as long for the attempts ending with it, as long as one joins
-# every `_QUIET_SECONDS` (see `GroupCommit`), so a long task's completion hardly waits.
+# Short tasks share transactions: a claim waits for the slots freeing with the first one,
+# a completion for the attempts ending with it, at most `_GATHER_SECONDS` in all and
+# never `_QUIET_SECONDS` without one more (see `gather`): long work hardly waits.
 _GATHER_SECONDS = 0.02
 _QUIET_SECONDS = 0.005
 
@@ -89,16 +89,10 @@ class Workers:
         refilled after a few milliseconds. Without a backlog nothing waits: a new task
         is claimed at once.
         """
-        deadline = time.monotonic() + _GATHER_SECONDS
         with self._lock:
-            while self._backlog and self._active:
-                left = min(deadline - time.monotonic(), _QUIET_SECONDS)
-                running = len(self._active)
-                if left <= 0:
-                    return
-                self._idle.wait(left)
-                if len(self._active) == running:
-                    return
+            gather(self._idle, lambda: len(self._active),
+                   lambda: not (self._backlog and self._active),
+                   gather_seconds=_GATHER_SECONDS, quiet_seconds=_QUIET_SECONDS)
 
     def claim(self) -> int:
         """Claim due work into the free slots and start it; returns how many started."""
