@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tests.scheduler.processes import free_port
 
 TASKWARD = str(Path(sys.executable).with_name("taskward"))
 REPO = Path(__file__).resolve().parents[2]
@@ -38,12 +39,6 @@ class Service:
 
     def cli_json(self, *args: str) -> object:
         return json.loads(self.cli(*args, "--json"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def service_env(database_url: str, models_dir: Path) -> dict[str, str]:
