@@ -35,12 +35,25 @@ from functools import cache
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, Row, bindparam, case, delete, select, tuple_, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Row,
+    String,
+    any_,
+    bindparam,
+    delete,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects import postgresql
 
 from core.cron import due_slots, next_slot, parse_cron
 from core.errors import DomainError
 from core.requests import ResponseRequest, new_task
 from core.settings import Settings
+from core.store.bulk import insert_rows, json_rows, rows_param
 from core.store.database import Database
 from core.store.tasks import NewTask, insert_tasks
 from core.tables import clients, models, schedule_slots, schedules
@@ -189,23 +202,51 @@ _OWNER_REVOKED = schedules.c.client_id.in_(
     select(clients.c.id).where(clients.c.revoked_at.is_not(None)))
 
 
+# PostgreSQL: lock the planned rows first, passing over those a racing sweeper holds.
+# The ids go as an array, whose length the planner knows: it looks them up by key
+# (joined to a JSON table, which it guesses at 100 rows, it scanned the whole table).
+_PLANNED_IDS = bindparam("ids", type_=postgresql.ARRAY(String()))
+_LOCK_PLANNED = (select(schedules.c.id).where(schedules.c.id == any_(_PLANNED_IDS))
+                 .with_for_update(skip_locked=True))
+
+
+@cache
+def _claim_statement(dialect_name: str) -> Any:
+    """The UPDATE of `claim_schedules`, built once per dialect: the plans travel as one
+    JSON parameter, so its text is the same for every chunk (`core.store.bulk`)."""
+    plan = json_rows(dialect_name, "plan", [("id", String()), ("checkpoint", BigInteger()),
+                                            ("cron", String()), ("next_slot_at", BigInteger())])
+    as_planned = [schedules.c.id == plan.c.id, schedules.c.checkpoint == plan.c.checkpoint,
+                  schedules.c.cron == plan.c.cron]
+    if dialect_name == "postgresql":  # only the rows `_LOCK_PLANNED` got
+        as_planned.append(schedules.c.id == any_(_PLANNED_IDS))
+    return (
+        update(schedules).where(*as_planned)
+        .values(checkpoint=bindparam("now"), next_slot_at=plan.c.next_slot_at)
+        .returning(schedules.c.id, _OWNER_REVOKED.label("revoked"))
+    )
+
+
 def claim_schedules(conn: Connection, plans: Sequence[_Plan], now: int) -> dict[str, bool]:
     """Advance the schedules still as planned. The ids returned are this caller's to
     fire, each with whether its owner is revoked: read in the transaction that creates
-    the tasks, so a revocation committed before it is never missed."""
-    unchanged = (
-        select(schedules.c.id)
-        .where(tuple_(schedules.c.id, schedules.c.checkpoint, schedules.c.cron)
-               .in_([(p.schedule_id, p.checkpoint, p.cron) for p in plans]))
-        .with_for_update(skip_locked=True)
-    )
-    next_at = case({p.schedule_id: p.next_slot_at for p in plans}, value=schedules.c.id)
-    claimed = conn.execute(
-        update(schedules).where(schedules.c.id.in_(unchanged))
-        .values(checkpoint=now, next_slot_at=next_at)
-        .returning(schedules.c.id, _OWNER_REVOKED.label("revoked"))
-    )
+    the tasks, so a revocation committed before it is never missed. (SQLite needs no
+    row locks: the write transaction holds the whole database.)"""
+    ids = [p.schedule_id for p in plans]
+    if conn.dialect.name == "postgresql":
+        ids = list(conn.execute(_LOCK_PLANNED, {"ids": ids}).scalars())
+    claimed = conn.execute(_claim_statement(conn.dialect.name), {
+        "now": now, "ids": ids,
+        "plan": rows_param([{"id": p.schedule_id, "checkpoint": p.checkpoint, "cron": p.cron,
+                             "next_slot_at": p.next_slot_at} for p in plans])})
     return {row.id: bool(row.revoked) for row in claimed}
+
+
+@cache
+def _forget_statement(dialect_name: str) -> Any:
+    fired = json_rows(dialect_name, "fired", [("id", String())])
+    return delete(schedule_slots).where(schedule_slots.c.schedule_id.in_(select(fired.c.id)),
+                                        schedule_slots.c.slot_at < bindparam("before"))
 
 
 def forget_slots(conn: Connection, schedule_ids: Collection[str], *, before: int) -> None:
@@ -215,9 +256,8 @@ def forget_slots(conn: Connection, schedule_ids: Collection[str], *, before: int
     checkpoint that could go back to its slot (a slow clock, an edit from another node).
     """
     if schedule_ids:
-        conn.execute(delete(schedule_slots).where(
-            schedule_slots.c.schedule_id.in_(list(schedule_ids)),
-            schedule_slots.c.slot_at < before))
+        conn.execute(_forget_statement(conn.dialect.name), {
+            "before": before, "fired": rows_param([{"id": sid} for sid in schedule_ids])})
 
 
 def record_slots(
@@ -231,12 +271,19 @@ def record_slots(
             for sid, slot in slots]
     if not rows:
         return set()
-    inserted = conn.execute(
-        db.insert_ignoring_conflicts(schedule_slots)
-        .returning(schedule_slots.c.schedule_id, schedule_slots.c.slot_at),
-        rows,
-    )
+    inserted = insert_rows(conn, schedule_slots, rows, skip_conflicts=True,
+                           returning=[schedule_slots.c.schedule_id, schedule_slots.c.slot_at])
     return {(row.schedule_id, row.slot_at) for row in inserted}
+
+
+@cache
+def _attach_statement(dialect_name: str) -> Any:
+    fired = json_rows(dialect_name, "fired", [("sid", String()), ("slot", BigInteger()),
+                                              ("tid", String())])
+    return (update(schedule_slots)
+            .where(schedule_slots.c.schedule_id == fired.c.sid,
+                   schedule_slots.c.slot_at == fired.c.slot)
+            .values(task_id=fired.c.tid))
 
 
 def attach_tasks(conn: Connection, made: Sequence[tuple[tuple[str, int], str | None]]) -> None:
@@ -244,13 +291,7 @@ def attach_tasks(conn: Connection, made: Sequence[tuple[tuple[str, int], str | N
     dedupe key made no task: its ledger row goes."""
     fired = [{"sid": sid, "slot": slot, "tid": tid} for (sid, slot), tid in made if tid]
     if fired:
-        conn.execute(
-            update(schedule_slots)
-            .where(schedule_slots.c.schedule_id == bindparam("sid"),
-                   schedule_slots.c.slot_at == bindparam("slot"))
-            .values(task_id=bindparam("tid")),
-            fired,
-        )
+        conn.execute(_attach_statement(conn.dialect.name), {"fired": rows_param(fired)})
     deduped = [key for key, tid in made if tid is None]
     if deduped:
         conn.execute(delete(schedule_slots).where(

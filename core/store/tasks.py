@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, delete, insert, select
+from sqlalchemy import Connection, Row, bindparam, delete, select
 
 from core.errors import Conflict, InvalidInput, NotFound
 from core.idempotency import IdempotencyClaim
 from core.ids import sortable_id
 from core.objects import response_object
 from core.states import TERMINAL, OnRestart, Status
+from core.store.bulk import insert_rows
 from core.store.database import Database
 from core.store.pages import newest_first
 from core.store.transitions import Event, move
@@ -144,8 +145,9 @@ def _insert_batch(
     )
     recorded: set[str] = set()
     if records:
-        statement = db.insert_ignoring_conflicts(idempotency_keys, idempotency_keys.c.task_id)
-        recorded = set(conn.execute(statement, records).scalars())
+        recorded = {row.task_id for row in insert_rows(
+            conn, idempotency_keys, records, skip_conflicts=True,
+            returning=[idempotency_keys.c.task_id])}
     unrecorded = {record["task_id"] for record in records} - recorded
     if unrecorded:  # their key was taken: the task must not exist either
         for table, column in ((task_events, task_events.c.task_id),
@@ -174,8 +176,6 @@ def _dedupe_answer(
 
 
 _KNOWN_MODELS = select(models.c.id).where(models.c.id.in_(bindparam("models", expanding=True)))
-_INSERT_RESPONSE = insert(responses)
-_INSERT_EVENT = insert(task_events)
 
 
 def insert_task(db: Database, conn: Connection, new: NewTask, now: int) -> SimpleNamespace | None:
@@ -206,13 +206,15 @@ def insert_tasks(
         raise InvalidInput("model_not_found", "no model is registered under that id",
                            extra={"field": "model"})
     rows = [_task_values(new, now) for new in news]
-    inserted = set(conn.execute(db.insert_ignoring_conflicts(tasks, tasks.c.id), rows).scalars())
+    inserted = {row.id for row in insert_rows(conn, tasks, rows, skip_conflicts=True,
+                                              returning=[tasks.c.id])}
     born = [row["id"] for row in rows if row["id"] in inserted]
     if born:
-        conn.execute(_INSERT_RESPONSE, [{"task_id": task_id, "output_text": "",
-                                         "updated_at": now} for task_id in born])
-        conn.execute(_INSERT_EVENT, [{"task_id": task_id, "seq": 1, "type": "response.created",
-                                      "created_at": now, "data": "{}"} for task_id in born])
+        insert_rows(conn, responses, [{"task_id": task_id, "output_text": "",
+                                       "updated_at": now} for task_id in born])
+        insert_rows(conn, task_events, [{"task_id": task_id, "seq": 1,
+                                         "type": "response.created", "created_at": now,
+                                         "data": "{}"} for task_id in born])
     return [SimpleNamespace(**row, output_text="", input_tokens=0, output_tokens=0)
             if row["id"] in inserted else None for row in rows]
 

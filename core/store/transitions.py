@@ -22,13 +22,13 @@ from sqlalchemy import (
     Row,
     bindparam,
     func,
-    insert,
     tuple_,
     update,
 )
 
 from core.errors import ForbiddenTransition
 from core.states import Status, is_allowed
+from core.store.bulk import insert_rows
 from core.tables import task_events, tasks
 
 
@@ -148,11 +148,10 @@ def move(
             for key, value in values.items()})
     rows = list(conn.execute(statement, params))
     if rows and count:
-        conn.execute(_INSERT_EVENTS, list(_event_rows(rows, events, count, now)))
+        insert_rows(conn, task_events, list(_event_rows(rows, events, count, now)))
     return rows
 
 
-_INSERT_EVENTS = insert(task_events)
 _Target = Literal["one", "held", "locked"]  # one held task, several, claimed ones
 _prepared: dict[tuple[frozenset[Status], Status | None, _Target, tuple[Any, ...]], Any] = {}
 

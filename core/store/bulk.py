@@ -1,0 +1,103 @@
+"""Many rows in one statement on either store, with a statement text that does not
+depend on how many rows there are.
+
+On PostgreSQL a statement with hundreds of parameters is re-parsed by psycopg on every
+call (its query cache stops at 50 parameters) and never prepared by the server: most
+of a schedule-firing pass went there. Here many rows travel as ONE JSON parameter,
+read as a table (`json_to_recordset` on PostgreSQL, `json_each` on SQLite), and the
+`json` module encodes them far faster than psycopg escapes arrays of strings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import cache
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    Connection,
+    Row,
+    Subquery,
+    Table,
+    bindparam,
+    cast,
+    column,
+    func,
+    select,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.types import TypeEngine
+
+
+def json_rows(dialect_name: str, name: str, columns: Sequence[tuple[str, TypeEngine[Any]]]) -> Subquery:
+    """A table named `name` with `columns`, whose rows are the bound parameter `name`:
+    pass `rows_param(rows)` for it. Build statements with it once per dialect."""
+    if dialect_name == "postgresql":
+        return (func.json_to_recordset(cast(bindparam(name), JSON))
+                .table_valued(*(column(key, kind) for key, kind in columns))
+                .render_derived(name=name, with_types=True))
+    items = func.json_each(bindparam(name)).table_valued("value")
+    return select(*(cast(func.json_extract(items.c.value, f"$.{key}"), kind).label(key)
+                    for key, kind in columns)).select_from(items).subquery(name)
+
+
+def rows_param(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The value of a `json_rows` parameter."""
+    return json.dumps(rows, separators=(",", ":"))
+
+
+def insert_rows(
+    conn: Connection,
+    table: Table,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    skip_conflicts: bool = False,
+    returning: Sequence[Column[Any]] = (),
+) -> list[Row[Any]]:
+    """Insert `rows` (all with the same keys) in one statement; the `returning` columns
+    of the rows inserted come back (with `skip_conflicts`, a row a unique index refuses
+    is skipped and does not come back).
+
+    Several rows on PostgreSQL go as `INSERT … SELECT FROM json_to_recordset(…)`; one
+    row as plain VALUES, which is cheaper there. SQLite takes the rows as an
+    executemany, which the sqlite3 module runs without that cost.
+    """
+    if not rows:
+        return []
+    keys = tuple(rows[0])
+    shape = (table, keys, skip_conflicts, tuple(column.key for column in returning))
+    if conn.dialect.name == "postgresql" and len(rows) > 1:
+        result = conn.execute(_recordset_insert(*shape), {"rows": rows_param(rows)})
+    else:
+        result = conn.execute(_values_insert(conn.dialect.name, *shape), list(rows))
+    return list(result) if returning else []
+
+
+@cache
+def _values_insert(
+    dialect_name: str, table: Table, _keys: tuple[str, ...], skip_conflicts: bool,
+    returning: tuple[str, ...],
+) -> Any:
+    statement = (postgresql if dialect_name == "postgresql" else sqlite).insert(table)
+    if skip_conflicts:
+        statement = statement.on_conflict_do_nothing()
+    if returning:
+        statement = statement.returning(*(table.c[key] for key in returning))
+    return statement
+
+
+@cache
+def _recordset_insert(
+    table: Table, keys: tuple[str, ...], skip_conflicts: bool, returning: tuple[str, ...]
+) -> Any:
+    given = json_rows("postgresql", "rows", [(key, table.c[key].type) for key in keys])
+    statement = postgresql.insert(table).from_select([table.c[key] for key in keys],
+                                                     select(*given.c))
+    if skip_conflicts:
+        statement = statement.on_conflict_do_nothing()
+    if returning:
+        statement = statement.returning(*(table.c[key] for key in returning))
+    return statement
