@@ -4,6 +4,8 @@ Run from the repository root: `.venv/bin/python -m bench.store [--quick]`.
 For each store (SQLite FULL, SQLite NORMAL, PostgreSQL) it prints:
 - the raw rate of one small row per commit (sqlite3 / psycopg, no ORM): the ceiling;
 - `enqueue` per second (task + response row + event + idempotency record, one commit);
+- the same through `enqueue_many`, 16 requests per commit: the API's group commit when
+  16 requests arrive together;
 - claim + start + complete per second (claims in batches of 10, as a sweeper does);
 then, on SQLite, `recover` of 100,000 leftover tasks and retention of 1,000,000
 finished tasks with the longest write-lock hold of any batch.
@@ -27,7 +29,7 @@ from core.engines.base import Usage
 from core.idempotency import IdempotencyClaim
 from core.ids import sortable_id
 from core.settings import Settings
-from core.store import claims, tasks
+from core.store import claims, completion, tasks, worker_writes
 from core.store.database import Database
 from core.store.recovery import recover
 from core.store.retention import remove_expired
@@ -36,6 +38,11 @@ from core.tables import tasks as tasks_table
 from infra.db import create_db_engine
 from infra.migrate import upgrade
 from tests.databases import private_pg_database
+
+
+# Requests per commit in the group-commit figure: what the API's enqueuer gathers when
+# 16 clients post at once (`handlers/enqueuing.py`, `enqueue_many`).
+GROUP = 16
 
 
 def rate(count: int, work: Callable[[int], None]) -> float:
@@ -94,15 +101,30 @@ def store_rates(db: Database, count: int) -> dict[str, float]:
                       idempotency=IdempotencyClaim(f"key-{i}", "digest"))
 
     enqueue_rate = rate(count, enqueue)
+
+    def enqueue_group(i: int) -> None:
+        tasks.enqueue_many(db, [
+            (tasks.NewTask(client_id="bench", model="m", request_json=request),
+             IdempotencyClaim(f"group-{i}-{n}", "digest")) for n in range(GROUP)])
+
+    groups = max(1, count // GROUP)
+    group_rate = rate(groups, enqueue_group) * GROUP
     start = time.perf_counter()
     done = 0
     while batch := claims.claim(db, limit=10, lease_ms=60_000, node_id="bench"):
         for claimed in batch:
-            claims.start_running(db, claimed.task_id, claimed.owner_token)
-            claims.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage(1, 1))
+            worker_writes.start_running(db, claimed.task_id, claimed.owner_token)
+            completion.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage(1, 1))
             done += 1
-    return {"enqueue_per_s": enqueue_rate,
+    return {"enqueue_per_s": enqueue_rate, "group_enqueue_per_s": group_rate,
             "claim_finish_per_s": done / (time.perf_counter() - start)}
+
+
+def rates_line(store: str, raw: float, figures: dict[str, float]) -> str:
+    one, group = figures["enqueue_per_s"], figures["group_enqueue_per_s"]
+    return (f"{store:13} raw commits/s {raw:7.0f} | enqueue/s {one:6.0f} ({one / raw:.2f} x raw)"
+            f" | {GROUP} per commit {group:6.0f} ({group / raw:.2f} x raw)"
+            f" | claim+finish/s {figures['claim_finish_per_s']:5.0f}")
 
 
 def bulk_tasks(db: Database, count: int, *, status: str, events_each: int,
@@ -158,20 +180,12 @@ def main() -> None:
             raw = raw_sqlite_rate(Path(tmp) / f"raw-{synchronous}.db", synchronous, commits)
             db = prepared(f"sqlite:///{tmp}/store-{synchronous}.db",
                           sqlite_synchronous=synchronous)
-            figures = store_rates(db, commits)
-            print(f"sqlite {synchronous:6} raw commits/s {raw:8.0f} | "
-                  f"enqueue/s {figures['enqueue_per_s']:7.0f} "
-                  f"({figures['enqueue_per_s'] / raw:.2f} x raw) | "
-                  f"claim+finish/s {figures['claim_finish_per_s']:7.0f}")
+            print(rates_line(f"sqlite {synchronous}", raw, store_rates(db, commits)))
             db.dispose()
         with private_pg_database() as url:
             raw = raw_pg_rate(url, commits)
             db = prepared(url)
-            figures = store_rates(db, commits)
-            print(f"postgresql  raw commits/s {raw:8.0f} | "
-                  f"enqueue/s {figures['enqueue_per_s']:7.0f} "
-                  f"({figures['enqueue_per_s'] / raw:.2f} x raw) | "
-                  f"claim+finish/s {figures['claim_finish_per_s']:7.0f}")
+            print(rates_line("postgresql", raw, store_rates(db, commits)))
             db.dispose()
         db = prepared(f"sqlite:///{tmp}/recover.db")
         seconds, counts = recovery_seconds(db, leftovers)

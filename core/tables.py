@@ -7,12 +7,26 @@ written by us, so both stores read them the same way. Store operations use the
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, String, Text, text
+from sqlalchemy import BigInteger, Column, Index, Integer, String, Text, TextClause, text
 from sqlmodel import Field, SQLModel
 
+_QUEUED_SQL = "status = 'queued'"
 _ACTIVE_SQL = "status IN ('queued', 'loading', 'running', 'cancelling')"
 _LEASED_SQL = "status IN ('loading', 'running', 'cancelling')"
 _TERMINAL_SQL = "status IN ('completed', 'failed', 'cancelled')"
+_DEAD_SQL = "dead_lettered = 1"
+
+# The predicates of the partial indexes on `tasks`, as terms for queries on `tasks`.
+# A query can use a partial index only when its WHERE holds the index's predicate
+# itself: SQLite compares terms structurally, constants and their order included, and
+# a bound parameter (`status = ?`) never matches; PostgreSQL cannot prove it from a
+# parameter either once a statement runs with a generic plan. Without these terms a
+# claim or a retention batch scans the whole table, finished history included.
+IS_QUEUED: TextClause = text(_QUEUED_SQL)
+IS_ACTIVE: TextClause = text(_ACTIVE_SQL)
+IS_LEASED: TextClause = text(_LEASED_SQL)
+IS_TERMINAL: TextClause = text(_TERMINAL_SQL)
+IS_DEAD_LETTER: TextClause = text(_DEAD_SQL)
 
 
 def _ms(nullable: bool = False, index: bool = False) -> object:
@@ -65,8 +79,8 @@ class ModelRow(SQLModel, table=True):
 class TaskRow(SQLModel, table=True):
     __tablename__ = "tasks"
     __table_args__ = (
-        Index("ix_tasks_due", "run_at", "id", sqlite_where=text("status = 'queued'"),
-              postgresql_where=text("status = 'queued'")),
+        Index("ix_tasks_due", "run_at", "id", sqlite_where=text(_QUEUED_SQL),
+              postgresql_where=text(_QUEUED_SQL)),
         Index("ix_tasks_leases", "lease_expires_at", sqlite_where=text(_LEASED_SQL),
               postgresql_where=text(_LEASED_SQL)),
         Index("ix_tasks_client", "client_id", "id"),
@@ -74,8 +88,8 @@ class TaskRow(SQLModel, table=True):
               postgresql_where=text(_ACTIVE_SQL)),
         Index("ix_tasks_finished", "finished_at", sqlite_where=text(_TERMINAL_SQL),
               postgresql_where=text(_TERMINAL_SQL)),
-        Index("ix_tasks_dead", "id", sqlite_where=text("dead_lettered = 1"),
-              postgresql_where=text("dead_lettered = 1")),
+        Index("ix_tasks_dead", "id", sqlite_where=text(_DEAD_SQL),
+              postgresql_where=text(_DEAD_SQL)),
         Index("ux_tasks_dedupe", "client_id", "dedupe_key", unique=True,
               sqlite_where=text(f"dedupe_key IS NOT NULL AND {_ACTIVE_SQL}"),
               postgresql_where=text(f"dedupe_key IS NOT NULL AND {_ACTIVE_SQL}")),

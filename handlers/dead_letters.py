@@ -7,8 +7,7 @@ from typing import Any
 from litestar import Response, get, post
 
 from core.objects import task_object
-from core.store.database import Database
-from core.store.tasks import get_task, retry_failed
+from core.store.tasks import retry_failed
 from handlers.answers import page, task_location
 from handlers.auth import requires
 from handlers.params import Cursor, PageLimit, TaskId
@@ -31,16 +30,9 @@ async def dead_letters_list(
 async def task_retry(task_id: TaskId, services: Services) -> Response[Any]:
     """A new task with the failed task's request (202 with `Location`); the failed one
     stays as it was, and the new one points back to it through `retry_of`."""
-    new = await blocking(retry_as_new, services.db, task_id,
+    new = await blocking(retry_failed, services.db, task_id,
                          services.settings.max_attempts_default)
     return Response(task_object(new), status_code=202, headers=task_location(new.id))
-
-
-def retry_as_new(db: Database, task_id: str, max_attempts: int) -> Any:
-    """Shared with `taskward dead-letters retry`: the new task's row."""
-    new_id = retry_failed(db, task_id, max_attempts)
-    with db.read() as conn:
-        return get_task(conn, new_id, None)
 
 
 ROUTES = [dead_letters_list, task_retry]

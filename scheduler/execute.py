@@ -32,7 +32,7 @@ from core.errors import CancelRequested, DomainError, LeaseLost
 from core.models_registry import verified_model_file
 from core.requests import generation_request
 from core.settings import Settings
-from core.store import claims
+from core.store import completion, worker_writes
 from core.store.database import Database
 from scheduler.attempt import WAKE, Attempt, Outcome, StopReason
 from scheduler.backoff import retry_delay_ms
@@ -63,7 +63,7 @@ class _Raised:
 
 
 VerifyModel = Callable[[str], tuple[str, ModelFile]]
-Complete = Callable[[claims.Completion], None]
+Complete = Callable[[completion.Completion], None]
 
 
 def execute(
@@ -84,7 +84,7 @@ def execute(
     attempt joins it (a hung engine included).
     """
     verify = verify or partial(verified_model_file, db, settings.models_dir)
-    complete = complete or GroupCommit(partial(claims.complete_all, db)).submit
+    complete = complete or GroupCommit(partial(completion.complete_all, db)).submit
     try:
         return _execute(db, settings, attempt, verify, complete)
     except CancelRequested:
@@ -205,13 +205,13 @@ class _Writes:
         if self._output.flush_due(now):
             self.flush(now)
         elif self._start_wait(now) == 0:
-            claims.start_running(self._db, self._attempt.task_id, self._attempt.claim.owner_token)
+            worker_writes.start_running(self._db, self._attempt.task_id, self._attempt.claim.owner_token)
             self._running = True
 
     def flush(self, now: int) -> None:
         flush = self._output.take_flush(now)
         if flush is not None:
-            claims.append_output(self._db, self._attempt.task_id,
+            worker_writes.append_output(self._db, self._attempt.task_id,
                                  self._attempt.claim.owner_token, flush.events,
                                  text=flush.text, snapshot_json=flush.snapshot_json,
                                  usage=flush.usage, start=not self._running)
@@ -219,7 +219,7 @@ class _Writes:
 
     def complete(self) -> None:
         events, text = self._output.take_closing()
-        self._complete(claims.Completion(self._attempt.task_id, self._attempt.claim.owner_token,
+        self._complete(completion.Completion(self._attempt.task_id, self._attempt.claim.owner_token,
                                          events, self._output.usage, text,
                                          start=not self._running))
 
@@ -234,7 +234,7 @@ def _stop(
         raise CancelRequested(claim.task_id)
     if reason is StopReason.HAND_BACK:
         writes.flush(db.clock.now_ms())  # a resume task keeps all it made
-        claims.release(db, claim.task_id, claim.owner_token)
+        worker_writes.release(db, claim.task_id, claim.owner_token)
         return Outcome.RELEASED
     return _retry(db, settings, attempt, TIMEOUT, "the attempt exceeded the execution timeout")
 
@@ -262,19 +262,19 @@ def _engine_failed(
 def _retry(db: Database, settings: Settings, attempt: Attempt, code: str, message: str) -> Outcome:
     delay = retry_delay_ms(attempt.claim.attempt, base_seconds=settings.backoff_base_seconds,
                            max_seconds=settings.backoff_max_seconds)
-    requeued = claims.requeue(db, attempt.task_id, attempt.claim.owner_token, delay_ms=delay,
+    requeued = worker_writes.requeue(db, attempt.task_id, attempt.claim.owner_token, delay_ms=delay,
                               code=code, message=message)
     return Outcome.REQUEUED if requeued else Outcome.DEAD_LETTERED
 
 
 def _fail(db: Database, attempt: Attempt, code: str, message: str) -> Outcome:
-    claims.fail(db, attempt.task_id, attempt.claim.owner_token, code, message)
+    worker_writes.fail(db, attempt.task_id, attempt.claim.owner_token, code, message)
     return Outcome.FAILED
 
 
 def _finish_cancelled(db: Database, attempt: Attempt) -> Outcome:
     try:
-        claims.finish_cancelled(db, attempt.task_id, attempt.claim.owner_token)
+        worker_writes.finish_cancelled(db, attempt.task_id, attempt.claim.owner_token)
     except LeaseLost:
         return Outcome.LOST
     return Outcome.CANCELLED

@@ -13,7 +13,7 @@ import threading
 
 from core.errors import LeaseLost
 from core.states import Status
-from core.store import claims
+from core.store import worker_writes
 from core.store.database import Database
 from scheduler.attempt import Attempt, StopReason
 
@@ -62,7 +62,7 @@ class LeaseKeeper:
     def _renew(self, attempt: Attempt) -> None:
         """One heartbeat; a database error is logged and retried on the next tick."""
         try:
-            status = claims.heartbeat(self._db, attempt.task_id, attempt.claim.owner_token,
+            status = worker_writes.heartbeat(self._db, attempt.task_id, attempt.claim.owner_token,
                                       lease_ms=self._lease_ms)
         except LeaseLost:
             attempt.raise_flag(StopReason.LOST)

@@ -21,7 +21,7 @@ from functools import partial
 from core.engines.base import EngineError, ModelFile
 from core.models_registry import verified_model_file
 from core.settings import Settings
-from core.store import claims
+from core.store import claims, completion
 from core.store.database import Database
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.execute import VerifyModel, execute
@@ -60,7 +60,7 @@ class Workers:
         self.claimed = 0
         self._keeper = LeaseKeeper(db, lease_ms=int(settings.lease_seconds * 1000),
                                    heartbeat_ms=int(settings.heartbeat_seconds * 1000))
-        self._completions = GroupCommit(partial(claims.complete_all, db), running=self.running,
+        self._completions = GroupCommit(partial(completion.complete_all, db), running=self.running,
                                         gather_seconds=_GATHER_SECONDS, quiet_seconds=_QUIET_SECONDS)
         self._executor = ThreadPoolExecutor(max_workers=self._slots,
                                             thread_name_prefix="taskward-runner")

@@ -17,9 +17,15 @@ from typing import Any
 
 from sqlalchemy import Table, delete, select, tuple_
 
-from core.states import TERMINAL
 from core.store.database import Database
-from core.tables import idempotency_keys, pairing_codes, responses, task_events, tasks
+from core.tables import (
+    IS_TERMINAL,
+    idempotency_keys,
+    pairing_codes,
+    responses,
+    task_events,
+    tasks,
+)
 
 
 @dataclass
@@ -72,8 +78,7 @@ def _task_batch(db: Database, cutoff: int, batch_size: int, removed: Removed) ->
     with db.write() as conn:
         ids = list(conn.execute(
             select(tasks.c.id)
-            .where(tasks.c.status.in_([s.value for s in TERMINAL]),
-                   tasks.c.finished_at < cutoff)
+            .where(IS_TERMINAL, tasks.c.finished_at < cutoff)
             .order_by(tasks.c.finished_at)
             .limit(batch_size)
         ).scalars())
@@ -83,8 +88,7 @@ def _task_batch(db: Database, cutoff: int, batch_size: int, removed: Removed) ->
             delete(task_events).where(task_events.c.task_id.in_(ids))).rowcount
         conn.execute(delete(responses).where(responses.c.task_id.in_(ids)))
         removed.tasks += conn.execute(
-            delete(tasks).where(tasks.c.id.in_(ids),
-                                tasks.c.status.in_([s.value for s in TERMINAL]))).rowcount
+            delete(tasks).where(tasks.c.id.in_(ids), IS_TERMINAL)).rowcount
         return True
 
 

@@ -19,7 +19,15 @@ from core.store.bulk import insert_rows
 from core.store.database import Database
 from core.store.pages import newest_first
 from core.store.transitions import Event, move
-from core.tables import idempotency_keys, models, responses, task_events, tasks
+from core.tables import (
+    IS_ACTIVE,
+    IS_DEAD_LETTER,
+    idempotency_keys,
+    models,
+    responses,
+    task_events,
+    tasks,
+)
 
 
 @dataclass(frozen=True)
@@ -165,7 +173,7 @@ def _dedupe_answer(
             select(tasks.c.id).where(
                 tasks.c.client_id == new.client_id,
                 tasks.c.dedupe_key == new.dedupe_key,
-                tasks.c.status.in_([s.value for s in Status if s not in TERMINAL]),
+                IS_ACTIVE,
             )
         ).scalar()
         if holder is not None:
@@ -327,7 +335,7 @@ def list_tasks(
     if status is not None:
         query = query.where(tasks.c.status == status.value)
     if dead_lettered:
-        query = query.where(tasks.c.dead_lettered == 1)
+        query = query.where(IS_DEAD_LETTER)
     return newest_first(conn, query, tasks.c.id, limit=limit, after=after)
 
 
@@ -367,8 +375,9 @@ def delete_finished(db: Database, task_id: str, client_id: str | None) -> None:
         conn.execute(delete(tasks).where(tasks.c.id == task_id))
 
 
-def retry_failed(db: Database, task_id: str, max_attempts: int) -> str:
-    """A new task with the request of a failed one (the failed one stays as it was)."""
+def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
+    """A new task with the request of a failed one (the failed one stays as it was);
+    the new task's row, as `get_task` reads it."""
     with db.write() as conn:
         old = get_task(conn, task_id, None)
         if old.status != Status.FAILED:
@@ -380,7 +389,7 @@ def retry_failed(db: Database, task_id: str, max_attempts: int) -> str:
         ), db.clock.now_ms())
         if created is None:
             raise Conflict("dedupe_conflict", "an active task already holds this dedupe key")
-        return str(created.id)
+        return get_task(conn, created.id, None)
 
 
 def read_events(

@@ -40,7 +40,14 @@ class Event:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-EventsFor = Callable[[Row[Any]], Sequence[Event]]
+@dataclass(frozen=True)
+class PerRow:
+    """Events that differ per moved task (attempt numbers, say): `count` events from
+    `make(row)` for every row. The count is declared up front because `last_seq` is
+    bumped by it in the one set-based UPDATE, before any row is seen."""
+
+    count: int
+    make: Callable[[Row[Any]], Sequence[Event]]
 
 
 @dataclass(frozen=True)
@@ -103,14 +110,13 @@ def move(
     expected: Iterable[Status],
     where: Sequence[ColumnElement[bool]] | Held | Locked,
     to: Status | None,
-    events: EventsFor | Sequence[Event],
+    events: PerRow | Sequence[Event],
     values: dict[str, Any] | None = None,
 ) -> list[Row[Any]]:
     """Move every task matching `where` and `expected` to `to`, appending its events.
 
-    `events` is a list (the same for every row) or a function of the returned row when
-    the data differs per task (attempt numbers, say). The per-row event count must be
-    the same for all rows, since `last_seq` is bumped in one set-based statement.
+    `events` is a list (the same for every row) or a `PerRow` when the data differs per
+    task.
     `values` may hold plain values, `Add`, `IfNull` or SQL expressions.
     Returns the updated rows (post-update values of `RETURNED`).
 
@@ -126,9 +132,7 @@ def move(
             raise ForbiddenTransition(
                 "forbidden_transition", f"{forbidden[0]} -> {to} is not a task transition"
             )
-    count = len(events) if not callable(events) else None
-    if count is None:
-        count = _event_count(events)
+    count = events.count if isinstance(events, PerRow) else len(events)
     values = values or {}
     params: dict[str, Any] = {"p_now": now, "p_count": count}
     params.update({f"v_{key}": _param(value) for key, value in values.items()
@@ -226,28 +230,13 @@ def _prepared_update(
     return statement
 
 
-def _event_count(events_for: EventsFor) -> int:
-    # Functions declare their count through an attribute set by `per_row`.
-    return int(getattr(events_for, "count"))
-
-
-def per_row(count: int) -> Callable[[EventsFor], EventsFor]:
-    """Mark an events function with how many events it yields for every row."""
-
-    def mark(function: EventsFor) -> EventsFor:
-        function.count = count  # type: ignore[attr-defined]
-        return function
-
-    return mark
-
-
 def _event_rows(
-    rows: list[Row[Any]], events: EventsFor | Sequence[Event], count: int, now: int
+    rows: list[Row[Any]], events: PerRow | Sequence[Event], count: int, now: int
 ) -> Iterable[dict[str, Any]]:
     for row in rows:
-        batch = events(row) if callable(events) else events
+        batch = events.make(row) if isinstance(events, PerRow) else events
         if len(batch) != count:
-            raise ValueError("an events function yielded a different number of events")
+            raise ValueError("a PerRow made a different number of events than it declared")
         first = row.last_seq - count + 1
         for offset, item in enumerate(batch):
             yield {

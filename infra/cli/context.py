@@ -43,6 +43,15 @@ def database(settings: Settings, *, check: bool = True) -> Iterator[Database]:
 
 
 @contextmanager
+def store() -> Iterator[tuple[Settings, Database]]:
+    """What an operator command works on: the settings and the schema-checked database;
+    a domain error ends the command with its code and message."""
+    settings = settings_or_exit()
+    with database(settings) as db, domain_errors():
+        yield settings, db
+
+
+@contextmanager
 def domain_errors() -> Iterator[None]:
     """Turn a domain error into a one-line message and exit status 1."""
     try:

@@ -26,9 +26,8 @@ from core.model_files import DEFAULT_ENGINE
 from core.models_registry import list_models, register, remove
 from core.objects import model_object, task_object
 from core.states import Status
-from core.store.tasks import cancel, get_task, list_tasks
-from handlers.dead_letters import retry_as_new
-from infra.cli.context import database, domain_errors, emit, settings_or_exit
+from core.store.tasks import cancel, get_task, list_tasks, retry_failed
+from infra.cli.context import emit, store
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 _TASK_COLUMNS = ("id", "status", "model", "client_id", "attempts", "created_at", "error")
@@ -44,8 +43,7 @@ _TASK_COLUMNS = ("id", "status", "model", "client_id", "attempts", "created_at",
 @_JSON
 def pair(admin: bool, scopes: str | None, name: str | None, direct: bool, as_json: bool) -> None:
     """A one-time pairing code for a new client (`POST /v1/pair`), or a token at once."""
-    settings = settings_or_exit()
-    with database(settings) as db, domain_errors():
+    with store() as (settings, db):
         granted = frozenset({ADMIN}) if admin else (
             parse_scopes(scopes.split(",")) if scopes is not None else DEFAULT_SCOPES)
         if direct:
@@ -66,8 +64,7 @@ def clients() -> None:
 @clients.command("list")
 @_JSON
 def clients_list(as_json: bool) -> None:
-    settings = settings_or_exit()
-    with database(settings) as db, db.read() as conn:
+    with store() as (_, db), db.read() as conn:
         rows = [client_object(row) for row in list_clients(conn)]
     emit(rows, as_json=as_json, columns=("id", "name", "scopes", "created_at", "revoked_at"))
 
@@ -76,8 +73,7 @@ def clients_list(as_json: bool) -> None:
 @click.argument("client_id")
 def clients_revoke(client_id: str) -> None:
     """Refuse the client's token from now on."""
-    settings = settings_or_exit()
-    with database(settings) as db, domain_errors():
+    with store() as (_, db):
         revoke(db, client_id)
     click.echo(f"revoked {client_id}")
 
@@ -94,10 +90,9 @@ def models() -> None:
 @_JSON
 def models_add(path: str, model_id: str | None, engine: str, as_json: bool) -> None:
     """Register PATH (from the current directory, else from the models directory)."""
-    settings = settings_or_exit()
     given = Path(path)
     located = given.absolute() if given.exists() else given
-    with database(settings) as db, domain_errors():
+    with store() as (settings, db):
         row = register(db, settings.models_dir, located, model_id=model_id, engine=engine)
     emit(model_object(row), as_json=as_json)
 
@@ -105,8 +100,7 @@ def models_add(path: str, model_id: str | None, engine: str, as_json: bool) -> N
 @models.command("list")
 @_JSON
 def models_list(as_json: bool) -> None:
-    settings = settings_or_exit()
-    with database(settings) as db, db.read() as conn:
+    with store() as (_, db), db.read() as conn:
         rows = [model_object(row) for row in list_models(conn)]
     emit(rows, as_json=as_json, columns=("id", "engine", "path", "size_bytes", "sha256"))
 
@@ -115,8 +109,7 @@ def models_list(as_json: bool) -> None:
 @click.argument("model_id")
 def models_remove(model_id: str) -> None:
     """Remove the entry; the file is kept."""
-    settings = settings_or_exit()
-    with database(settings) as db, domain_errors():
+    with store() as (_, db):
         remove(db, model_id)
     click.echo(f"removed {model_id}")
 
@@ -131,8 +124,7 @@ def tasks() -> None:
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 @_JSON
 def tasks_list(status: str | None, limit: int, as_json: bool) -> None:
-    settings = settings_or_exit()
-    with database(settings) as db, db.read() as conn:
+    with store() as (_, db), db.read() as conn:
         rows, _ = list_tasks(conn, None, status=Status(status) if status else None, limit=limit)
     emit([task_object(row) for row in rows], as_json=as_json, columns=_TASK_COLUMNS)
 
@@ -141,8 +133,7 @@ def tasks_list(status: str | None, limit: int, as_json: bool) -> None:
 @click.argument("task_id")
 @_JSON
 def tasks_show(task_id: str, as_json: bool) -> None:
-    settings = settings_or_exit()
-    with database(settings) as db, domain_errors(), db.read() as conn:
+    with store() as (_, db), db.read() as conn:
         row = get_task(conn, task_id, None)
     emit(task_object(row), as_json=as_json)
 
@@ -152,8 +143,7 @@ def tasks_show(task_id: str, as_json: bool) -> None:
 @_JSON
 def tasks_cancel(task_id: str, as_json: bool) -> None:
     """Cancel a queued task at once, or ask the worker of a running one to stop."""
-    settings = settings_or_exit()
-    with database(settings) as db, domain_errors():
+    with store() as (_, db):
         outcome = cancel(db, task_id, None)
     emit(task_object(outcome.task), as_json=as_json, columns=_TASK_COLUMNS)
 
@@ -167,8 +157,7 @@ def dead_letters() -> None:
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 @_JSON
 def dead_letters_list(limit: int, as_json: bool) -> None:
-    settings = settings_or_exit()
-    with database(settings) as db, db.read() as conn:
+    with store() as (_, db), db.read() as conn:
         rows, _ = list_tasks(conn, None, dead_lettered=True, limit=limit)
     emit([task_object(row) for row in rows], as_json=as_json, columns=_TASK_COLUMNS)
 
@@ -178,9 +167,8 @@ def dead_letters_list(limit: int, as_json: bool) -> None:
 @_JSON
 def dead_letters_retry(task_id: str, as_json: bool) -> None:
     """Run a failed task's request again as a new task."""
-    settings = settings_or_exit()
-    with database(settings) as db, domain_errors():
-        row = retry_as_new(db, task_id, settings.max_attempts_default)
+    with store() as (settings, db):
+        row = retry_failed(db, task_id, settings.max_attempts_default)
     emit(task_object(row), as_json=as_json, columns=_TASK_COLUMNS)
 
 

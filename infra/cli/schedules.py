@@ -23,7 +23,7 @@ from core.schedules import (
     list_schedules,
     schedule_object,
 )
-from infra.cli.context import database, domain_errors, emit, settings_or_exit
+from infra.cli.context import emit, store
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 _COLUMNS = ("id", "cron", "catch_up", "next_run_at", "client_id")
@@ -40,8 +40,7 @@ def schedules() -> None:
 @_JSON
 def schedules_list(client_id: str | None, limit: int, as_json: bool) -> None:
     """Newest first."""
-    settings = settings_or_exit()
-    with database(settings) as db, db.read() as conn:
+    with store() as (_, db), db.read() as conn:
         rows, _ = list_schedules(conn, client_id, limit=limit)
     emit([schedule_object(row) for row in rows], as_json=as_json, columns=_COLUMNS)
 
@@ -61,8 +60,7 @@ def schedules_add(cron: str, request_text: str | None, request_file: Path | None
                   catch_up: int, client_id: str | None, as_json: bool) -> None:
     """Create a schedule; its first slot is the first one after now."""
     request = _request_body(request_text, request_file)
-    settings = settings_or_exit()
-    with database(settings) as db, domain_errors():
+    with store() as (settings, db):
         with db.read() as conn:
             owner = _owner(conn, client_id)
         row = create_schedule(db, settings, owner,
@@ -74,8 +72,7 @@ def schedules_add(cron: str, request_text: str | None, request_file: Path | None
 @click.argument("schedule_id")
 def schedules_remove(schedule_id: str) -> None:
     """Stop future slots; tasks already created are kept."""
-    settings = settings_or_exit()
-    with database(settings) as db, domain_errors():
+    with store() as (_, db):
         delete_schedule(db, schedule_id, None)
     click.echo(f"removed {schedule_id}")
 

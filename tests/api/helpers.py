@@ -17,7 +17,7 @@ from core.clients import create_client
 from core.engines.base import Usage
 from core.models_registry import register
 from core.objects import item_id
-from core.store import claims
+from core.store import claims, completion, worker_writes
 from core.store.database import Database
 from core.store.transitions import Event
 
@@ -78,16 +78,16 @@ def start_due(db: Database) -> list[claims.Claim]:
     """Claim every due task and move it to `running`, as a worker would."""
     taken = claims.claim(db, limit=1000, lease_ms=60_000, node_id="test-worker")
     for claim in taken:
-        claims.start_running(db, claim.task_id, claim.owner_token)
+        worker_writes.start_running(db, claim.task_id, claim.owner_token)
     return taken
 
 
 def finish(db: Database, claim: claims.Claim, text: str = "w0 w1 w2 ") -> None:
     """Write the output of a running task and complete it."""
-    claims.append_output(db, claim.task_id, claim.owner_token,
+    worker_writes.append_output(db, claim.task_id, claim.owner_token,
                          output_events(claim.task_id, text), text=text,
                          snapshot_json=json.dumps({"pos": 3}), usage=Usage(3, 3))
-    claims.complete(db, claim.task_id, claim.owner_token, closing_events(claim.task_id, text),
+    completion.complete(db, claim.task_id, claim.owner_token, closing_events(claim.task_id, text),
                     usage=Usage(3, 3))
 
 

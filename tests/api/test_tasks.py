@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any
 
-from core.store import claims
+from core.store import claims, worker_writes
 from core.store.database import Database
 from tests.api.helpers import Caller, caller, complete_due, finish, start_due
 
@@ -117,7 +117,7 @@ def test_cancelling_needs_tasks_cancel(db: Database, http: Any, alice: Caller,
 def dead_letter(db: Database, who: Caller, model_id: str) -> str:
     task_id = create(who, model_id, max_attempts=1)
     (claim,) = claims.claim(db, limit=1, lease_ms=60_000, node_id="test")
-    assert not claims.requeue(db, claim.task_id, claim.owner_token, delay_ms=0,
+    assert not worker_writes.requeue(db, claim.task_id, claim.owner_token, delay_ms=0,
                               code="engine_error", message="boom")
     return task_id
 

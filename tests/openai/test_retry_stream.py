@@ -22,7 +22,7 @@ from openai.types.responses import ResponseTextDeltaEvent
 
 from core.engines.base import Usage
 from core.objects import item_id, message_item, output_text_part
-from core.store import claims
+from core.store import claims, completion, worker_writes
 from core.store.database import Database
 from core.store.transitions import Event
 from tests.api.helpers import Caller
@@ -51,7 +51,7 @@ def closing(task_id: str, index: int, text: str) -> list[Event]:
 
 
 def retry(db: Database, claim: claims.Claim) -> None:
-    assert claims.requeue(db, claim.task_id, claim.owner_token, delay_ms=0,
+    assert worker_writes.requeue(db, claim.task_id, claim.owner_token, delay_ms=0,
                           code="engine_error", message="injected failure")
 
 
@@ -76,15 +76,15 @@ def test_a_retry_that_opens_its_message_at_the_next_index_streams_through_the_he
 ) -> None:
     task_id = create(alice, model_id)
     first = claim_one(db)
-    claims.append_output(db, task_id, first.owner_token,
+    worker_writes.append_output(db, task_id, first.owner_token,
                          opening(task_id, 0) + delta(task_id, 0, "w0 "), text="w0 ",
                          snapshot_json=json.dumps({"pos": 1}), usage=Usage(3, 1))
     retry(db, first)
     second = claim_one(db)
-    claims.append_output(db, task_id, second.owner_token,
+    worker_writes.append_output(db, task_id, second.owner_token,
                          opening(task_id, 1) + delta(task_id, 1, "w0 w1 "), text="w0 w1 ",
                          snapshot_json=json.dumps({"pos": 2}), usage=Usage(3, 2))
-    claims.complete(db, task_id, second.owner_token,
+    completion.complete(db, task_id, second.owner_token,
                     delta(task_id, 1, "w2 ") + closing(task_id, 1, "w0 w1 w2 "),
                     usage=Usage(3, 3), text="w2 ")
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from core.store import claims
+from core.store import claims, worker_writes
 from core.store.database import Database
 from handlers import sse
 from tests.api.helpers import Caller, caller, start_due
@@ -148,7 +148,7 @@ def test_a_failed_event_carries_its_error_in_the_response_only(
 ) -> None:
     task_id = create(alice, model_id)
     [claim] = start_due(db)
-    claims.fail(db, task_id, claim.owner_token, "bad_request", "injected failure")
+    worker_writes.fail(db, task_id, claim.owner_token, "bad_request", "injected failure")
     failed = sse_events(alice.get(f"/v1/responses/{task_id}?stream=true").text)[-1]
     assert failed["type"] == "response.failed" and "error" not in failed
     assert failed["response"]["error"] == {"code": "bad_request", "message": "injected failure"}
@@ -177,7 +177,7 @@ def test_output_cut_short_by_a_failure_is_incomplete(
     task_id = create(alice, model_id)
     claim = claim_one(db)
     write_attempt(db, claim, 1, finish=False)
-    claims.fail(db, task_id, claim.owner_token, "bad_request", "injected failure")
+    worker_writes.fail(db, task_id, claim.owner_token, "bad_request", "injected failure")
     [message] = alice.get(f"/v1/responses/{task_id}").json()["output"]
     assert (message["status"], message["content"][0]["text"]) == ("incomplete", "w0 ")
 

@@ -8,7 +8,7 @@ the same event shapes it reads from a sweeper, without a sweeper process.
 from __future__ import annotations
 
 from core.engines.base import Chunk, Usage
-from core.store import claims
+from core.store import claims, completion, worker_writes
 from core.store.database import Database
 from scheduler.output import Output
 
@@ -16,7 +16,7 @@ from scheduler.output import Output
 def claim_one(db: Database) -> claims.Claim:
     """Claim the oldest due task and move it to `running`."""
     [claim] = claims.claim(db, limit=1, lease_ms=60_000, node_id="test-worker")
-    claims.start_running(db, claim.task_id, claim.owner_token)
+    worker_writes.start_running(db, claim.task_id, claim.owner_token)
     return claim
 
 
@@ -28,11 +28,11 @@ def write_attempt(db: Database, claim: claims.Claim, words: int, *, finish: bool
         output.add(Chunk(f"w{pos} ", {"pos": pos + 1}, Usage(3, pos + 1)))
     flush = output.take_flush(1)
     assert flush is not None
-    claims.append_output(db, claim.task_id, claim.owner_token, flush.events, text=flush.text,
+    worker_writes.append_output(db, claim.task_id, claim.owner_token, flush.events, text=flush.text,
                          snapshot_json=flush.snapshot_json, usage=flush.usage)
     if finish:
         events, text = output.take_closing()
-        claims.complete(db, claim.task_id, claim.owner_token, events, usage=output.usage,
+        completion.complete(db, claim.task_id, claim.owner_token, events, usage=output.usage,
                         text=text)
 
 

@@ -16,7 +16,7 @@ from core.engines.registry import register_engine
 from core.models_registry import register, remove
 from core.settings import Settings
 from core.states import OnRestart, Status
-from core.store import claims
+from core.store import claims, completion
 from core.store.database import Database
 from core.store.tasks import cancel
 from scheduler import leases
@@ -223,7 +223,7 @@ def test_a_stale_worker_whose_lease_was_taken_over_writes_nothing(
     assert (row.status, row.owner_token, row.last_seq) == (
         Status.LOADING, fresh.owner_token, last_seq)
     with pytest.raises(Exception, match="no longer held"):
-        claims.complete(db, task_id, stale.owner_token, [], usage=stale.usage)
+        completion.complete(db, task_id, stale.owner_token, [], usage=stale.usage)
 
 
 def test_a_worker_that_loses_its_lease_stops_at_the_next_heartbeat(

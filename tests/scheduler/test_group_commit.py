@@ -10,7 +10,7 @@ import pytest
 
 from core.settings import Settings
 from core.states import Status
-from core.store import claims
+from core.store import completion
 from core.store.database import Database
 from scheduler.group_commit import GroupCommit, GroupWriteFailed
 from tests.scheduler.helpers import enqueue_many, output_text, run_pass
@@ -118,14 +118,14 @@ def test_a_worker_completes_a_burst_of_short_tasks_in_shared_transactions(
     db: Database, fast: Settings, model_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     groups: list[int] = []
-    complete_all = claims.complete_all
+    complete_all = completion.complete_all
 
-    def recording(database: Database, completions: Sequence[claims.Completion]) -> list[
+    def recording(database: Database, completions: Sequence[completion.Completion]) -> list[
             Exception | None]:
         groups.append(len(completions))
         return complete_all(database, completions)
 
-    monkeypatch.setattr(claims, "complete_all", recording)
+    monkeypatch.setattr(completion, "complete_all", recording)
     ids = enqueue_many(db, model_id, 24)
 
     summary = run_pass(db, fast.model_copy(update={"worker_concurrency": 8}))

@@ -13,7 +13,7 @@ from sqlalchemy import event, select
 from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
 from core.states import Status
-from core.store import claims, tasks
+from core.store import claims, completion, tasks, worker_writes
 from core.store.database import Database
 from core.store.transitions import Add, Event, Held, IfNull, Locked, move
 from core.tables import responses
@@ -28,11 +28,11 @@ def done(text: str) -> list[Event]:
             Event("response.output_text.done", {"text": text})]
 
 
-def completion(claimed: claims.Claim, text: str = "w0 ", **fields: object) -> claims.Completion:
+def completion_of(claimed: claims.Claim, text: str = "w0 ", **fields: object) -> completion.Completion:
     values: dict[str, object] = {"task_id": claimed.task_id, "owner": claimed.owner_token,
                                  "closing": done(text), "usage": Usage(3, 1), "text": text,
                                  "start": True, **fields}
-    return claims.Completion(**values)  # type: ignore[arg-type]
+    return completion.Completion(**values)  # type: ignore[arg-type]
 
 
 def claim_each(db: Database, count: int) -> list[claims.Claim]:
@@ -68,7 +68,7 @@ def test_complete_all_finishes_many_short_tasks_in_one_transaction(
     ids = [new_task(db, model_id) for _ in range(5)]
     batch = claims.claim(db, limit=5, lease_ms=LEASE, node_id="n")
     with counting_commits(db) as commits:
-        outcomes = claims.complete_all(db, [completion(c, f"t{i} ") for i, c in enumerate(batch)])
+        outcomes = completion.complete_all(db, [completion_of(c, f"t{i} ") for i, c in enumerate(batch)])
     assert outcomes == [None] * 5
     assert len(commits) == 1
     for i, task_id in enumerate(ids):
@@ -86,14 +86,14 @@ def test_complete_all_fences_each_task_on_its_own(db: Database, model_id: str) -
         new_task(db, model_id)
     fine, stale, cancelled, running = claim_each(db, 4)
     tasks.cancel(db, cancelled.task_id, None)
-    claims.start_running(db, running.task_id, running.owner_token)
+    worker_writes.start_running(db, running.task_id, running.owner_token)
     untouched = {t.task_id: task_row(db, t.task_id).last_seq for t in (stale, cancelled)}
 
-    outcomes = claims.complete_all(db, [
-        completion(fine),
-        completion(stale, owner="0" * 32),
-        completion(cancelled),
-        completion(running, start=False),
+    outcomes = completion.complete_all(db, [
+        completion_of(fine),
+        completion_of(stale, owner="0" * 32),
+        completion_of(cancelled),
+        completion_of(running, start=False),
     ])
 
     assert outcomes[0] is None and outcomes[3] is None
@@ -113,10 +113,10 @@ def test_complete_all_takes_closings_of_different_lengths(db: Database, model_id
     for _ in range(3):
         new_task(db, model_id)
     short, longer, none = claims.claim(db, limit=3, lease_ms=LEASE, node_id="n")
-    outcomes = claims.complete_all(db, [
-        completion(short),
-        completion(longer, closing=[*done("ab"), Event("response.content_part.done")], text="ab"),
-        completion(none, closing=[], text=""),
+    outcomes = completion.complete_all(db, [
+        completion_of(short),
+        completion_of(longer, closing=[*done("ab"), Event("response.content_part.done")], text="ab"),
+        completion_of(none, closing=[], text=""),
     ])
     assert outcomes == [None, None, None]
     assert event_types(db, longer.task_id)[-3:] == [
@@ -130,10 +130,10 @@ def test_complete_all_takes_closings_of_different_lengths(db: Database, model_id
 def test_a_stale_and_a_fresh_attempt_of_one_task_in_one_call(db: Database, model_id: str) -> None:
     task_id = new_task(db, model_id)
     stale = claims.claim(db, limit=1, lease_ms=LEASE, node_id="old")[0]
-    claims.release(db, task_id, stale.owner_token)
+    worker_writes.release(db, task_id, stale.owner_token)
     fresh = claims.claim(db, limit=1, lease_ms=LEASE, node_id="new")[0]
 
-    outcomes = claims.complete_all(db, [completion(stale, "old "), completion(fresh, "new ")])
+    outcomes = completion.complete_all(db, [completion_of(stale, "old "), completion_of(fresh, "new ")])
 
     assert outcomes[0] is not None and isinstance(outcomes[0], LeaseLost)
     assert outcomes[1] is None
@@ -146,11 +146,11 @@ def test_complete_of_one_task_is_complete_all_of_one(db: Database, model_id: str
     new_task(db, model_id)
     (claimed,) = claims.claim(db, limit=1, lease_ms=LEASE, node_id="n")
     with pytest.raises(LeaseLost):
-        claims.complete(db, claimed.task_id, "0" * 32, [], usage=Usage(), start=True)
-    claims.complete(db, claimed.task_id, claimed.owner_token, done("x"), usage=Usage(1, 1),
+        completion.complete(db, claimed.task_id, "0" * 32, [], usage=Usage(), start=True)
+    completion.complete(db, claimed.task_id, claimed.owner_token, done("x"), usage=Usage(1, 1),
                     text="x", start=True)
     assert task_row(db, claimed.task_id).status == "completed"
-    assert claims.complete_all(db, []) == []
+    assert completion.complete_all(db, []) == []
 
 
 # --- what `move` accepts ----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict, LeaseLost
 from core.objects import TERMINAL_EVENTS
 from core.states import TERMINAL, OnRestart, Status
-from core.store import claims, tasks
+from core.store import claims, completion, tasks, worker_writes
 from core.store.database import Database
 from core.store.recovery import expire_leases, recover
 from core.store.transitions import Event
@@ -97,7 +97,7 @@ def interleavings(database_url: str) -> type[RuleBasedStateMachine]:
                 return
             except CancelRequested:
                 assert owned and self.row(task_id).status == Status.CANCELLING.value
-                claims.finish_cancelled(self.db, task_id, token)
+                worker_writes.finish_cancelled(self.db, task_id, token)
                 worker.held.pop(task_id)
                 return
             assert owned, "a write by a worker that does not own the task succeeded"
@@ -130,13 +130,13 @@ def interleavings(database_url: str) -> type[RuleBasedStateMachine]:
         @rule(data=st.data())
         def start(self, data: st.DataObject) -> None:
             if pick := self.held(data, "loading"):
-                self.fenced_write(*pick, lambda t, o: claims.start_running(self.db, t, o))
+                self.fenced_write(*pick, lambda t, o: worker_writes.start_running(self.db, t, o))
 
         @rule(data=st.data(), text=st.text("ab", min_size=1, max_size=3))
         def progress(self, data: st.DataObject, text: str) -> None:
             if pick := self.held(data, "running", "cancelling"):
                 pos = self.row(pick[1]).last_seq
-                self.fenced_write(*pick, lambda t, o: claims.append_output(
+                self.fenced_write(*pick, lambda t, o: worker_writes.append_output(
                     self.db, t, o, [Event("response.output_text.delta", {"delta": text})],
                     text=text, snapshot_json=json.dumps({"pos": pos})))
 
@@ -145,7 +145,7 @@ def interleavings(database_url: str) -> type[RuleBasedStateMachine]:
             if pick := self.held(data, "loading", "running", "cancelling"):
                 worker, task_id = pick
                 try:
-                    claims.heartbeat(self.db, task_id, worker.held[task_id], lease_ms=LEASE_MS)
+                    worker_writes.heartbeat(self.db, task_id, worker.held[task_id], lease_ms=LEASE_MS)
                 except LeaseLost:
                     worker.held.pop(task_id)
 
@@ -156,11 +156,11 @@ def interleavings(database_url: str) -> type[RuleBasedStateMachine]:
             if not (pick := self.held(data, *expected)):
                 return
             operations = {
-                "complete": lambda t, o: claims.complete(self.db, t, o, [], usage=Usage()),
-                "fail": lambda t, o: claims.fail(self.db, t, o, "bad", "m"),
-                "requeue": lambda t, o: claims.requeue(self.db, t, o, delay_ms=1000,
+                "complete": lambda t, o: completion.complete(self.db, t, o, [], usage=Usage()),
+                "fail": lambda t, o: worker_writes.fail(self.db, t, o, "bad", "m"),
+                "requeue": lambda t, o: worker_writes.requeue(self.db, t, o, delay_ms=1000,
                                                        code="e", message="m"),
-                "release": lambda t, o: claims.release(self.db, t, o),
+                "release": lambda t, o: worker_writes.release(self.db, t, o),
             }
             self.fenced_write(*pick, operations[how])
             pick[0].held.pop(pick[1], None)

@@ -12,7 +12,7 @@ from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict, ForbiddenTransition, InvalidInput, LeaseLost
 from core.idempotency import IdempotencyClaim
 from core.states import OnRestart, Status
-from core.store import claims, tasks
+from core.store import claims, completion, tasks, worker_writes
 from core.store.database import Database
 from core.store.transitions import Event, move
 from core.tables import idempotency_keys
@@ -31,7 +31,7 @@ def run_to_running(db: Database, model_id: str, **fields: object) -> claims.Clai
     task_id = new_task(db, model_id, **fields)
     claimed = claim_one(db)
     assert claimed.task_id == task_id
-    claims.start_running(db, claimed.task_id, claimed.owner_token)
+    worker_writes.start_running(db, claimed.task_id, claimed.owner_token)
     return claimed
 
 
@@ -153,7 +153,7 @@ def test_claim_takes_oldest_first_up_to_the_limit(db: Database, model_id: str) -
 def test_claim_dead_letters_a_task_whose_attempts_are_spent(db: Database, model_id: str) -> None:
     task_id = new_task(db, model_id, max_attempts=1)
     first = claim_one(db)
-    claims.requeue(db, first.task_id, first.owner_token, delay_ms=0, code="x", message="m")
+    worker_writes.requeue(db, first.task_id, first.owner_token, delay_ms=0, code="x", message="m")
     row = task_row(db, task_id)
     assert (row.status, row.dead_lettered, row.error_code) == ("failed", 1,
                                                                "max_attempts_exceeded")
@@ -181,7 +181,7 @@ def test_claim_after_lease_expiry_dead_letters_when_attempts_spent(
 
 def test_progress_appends_events_snapshot_and_text_together(db: Database, model_id: str) -> None:
     claimed = run_to_running(db, model_id)
-    claims.append_output(db, claimed.task_id, claimed.owner_token, [delta("ab"), delta("c")],
+    worker_writes.append_output(db, claimed.task_id, claimed.owner_token, [delta("ab"), delta("c")],
                          text="abc", snapshot_json='{"pos": 2}', usage=Usage(3, 2))
     row = task_row(db, claimed.task_id)
     assert row.snapshot_json == '{"pos": 2}' and row.last_seq == 5
@@ -195,7 +195,7 @@ def test_complete_writes_closing_events_and_the_terminal_one_last(
     db: Database, model_id: str
 ) -> None:
     claimed = run_to_running(db, model_id)
-    claims.complete(db, claimed.task_id, claimed.owner_token,
+    completion.complete(db, claimed.task_id, claimed.owner_token,
                     [Event("response.output_text.done", {"text": ""})], usage=Usage(1, 1))
     row = task_row(db, claimed.task_id)
     assert row.status == "completed" and row.owner_token is None and row.finished_at
@@ -209,13 +209,13 @@ def test_a_stale_owner_cannot_write_anything(db: Database, model_id: str) -> Non
     stale = "0" * 32
     before = task_row(db, claimed.task_id).last_seq
     with pytest.raises(LeaseLost):
-        claims.append_output(db, claimed.task_id, stale, [delta("x")], text="x")
+        worker_writes.append_output(db, claimed.task_id, stale, [delta("x")], text="x")
     with pytest.raises(LeaseLost):
-        claims.complete(db, claimed.task_id, stale, [], usage=Usage())
+        completion.complete(db, claimed.task_id, stale, [], usage=Usage())
     with pytest.raises(LeaseLost):
-        claims.heartbeat(db, claimed.task_id, stale, lease_ms=LEASE)
+        worker_writes.heartbeat(db, claimed.task_id, stale, lease_ms=LEASE)
     with pytest.raises(LeaseLost):
-        claims.fail(db, claimed.task_id, stale, "x", "y")
+        worker_writes.fail(db, claimed.task_id, stale, "x", "y")
     assert task_row(db, claimed.task_id).last_seq == before
 
 
@@ -223,7 +223,7 @@ def test_heartbeat_renews_the_lease(db: Database, model_id: str) -> None:
     with freeze_time("2026-01-01 00:00:00"):
         claimed = run_to_running(db, model_id)
     with freeze_time("2026-01-01 00:00:20"):
-        assert claims.heartbeat(db, claimed.task_id, claimed.owner_token,
+        assert worker_writes.heartbeat(db, claimed.task_id, claimed.owner_token,
                                 lease_ms=LEASE) is Status.RUNNING
         expected = db.clock.now_ms() + LEASE
     assert task_row(db, claimed.task_id).lease_expires_at == expected
@@ -231,7 +231,7 @@ def test_heartbeat_renews_the_lease(db: Database, model_id: str) -> None:
 
 def test_non_retryable_failure_fails_at_once(db: Database, model_id: str) -> None:
     claimed = run_to_running(db, model_id)
-    claims.fail(db, claimed.task_id, claimed.owner_token, "bad_request", "m" * 2000)
+    worker_writes.fail(db, claimed.task_id, claimed.owner_token, "bad_request", "m" * 2000)
     row = task_row(db, claimed.task_id)
     assert (row.status, row.error_code, row.dead_lettered) == ("failed", "bad_request", 0)
     assert len(row.error_message) <= 500
@@ -241,7 +241,7 @@ def test_non_retryable_failure_fails_at_once(db: Database, model_id: str) -> Non
 def test_retryable_failure_requeues_with_the_given_delay(db: Database, model_id: str) -> None:
     with freeze_time("2026-01-01 00:00:00"):
         claimed = run_to_running(db, model_id)
-        assert claims.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=5000,
+        assert worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=5000,
                               code="engine_error", message="boom")
         due = db.clock.now_ms() + 5000
     row = task_row(db, claimed.task_id)
@@ -252,16 +252,16 @@ def test_retryable_failure_requeues_with_the_given_delay(db: Database, model_id:
 
 def test_a_requeued_task_starts_over_with_empty_output(db: Database, model_id: str) -> None:
     claimed = run_to_running(db, model_id)
-    claims.append_output(db, claimed.task_id, claimed.owner_token, [delta("ab")], text="ab",
+    worker_writes.append_output(db, claimed.task_id, claimed.owner_token, [delta("ab")], text="ab",
                          snapshot_json='{"pos": 1}')
-    claims.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e", message="m")
+    worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e", message="m")
     again = claim_one(db)
     assert again.attempt == 2 and again.output_text == "" and again.snapshot_json is None
 
 
 def test_release_refunds_the_attempt_and_requeues(db: Database, model_id: str) -> None:
     claimed = run_to_running(db, model_id)
-    claims.release(db, claimed.task_id, claimed.owner_token)
+    worker_writes.release(db, claimed.task_id, claimed.owner_token)
     row = task_row(db, claimed.task_id)
     assert (row.status, row.attempts, row.owner_token) == ("queued", 0, None)
     assert json.loads(events_of(db, claimed.task_id)[-1].data)["reason"] == "released"
@@ -271,9 +271,9 @@ def test_release_of_a_resume_task_keeps_its_snapshot_for_the_next_claim(
     db: Database, model_id: str
 ) -> None:
     claimed = run_to_running(db, model_id, on_restart=OnRestart.RESUME)
-    claims.append_output(db, claimed.task_id, claimed.owner_token, [delta("w0 ")],
+    worker_writes.append_output(db, claimed.task_id, claimed.owner_token, [delta("w0 ")],
                          text="w0 ", snapshot_json='{"pos": 1}')
-    claims.release(db, claimed.task_id, claimed.owner_token)
+    worker_writes.release(db, claimed.task_id, claimed.owner_token)
     row = task_row(db, claimed.task_id)
     assert (row.status, row.attempts, row.owner_token) == ("running", 0, None)
     resumed = claim_one(db)
@@ -298,10 +298,10 @@ def test_cancel_of_a_running_task_asks_the_worker_to_stop(db: Database, model_id
     assert outcome.status_code == 202 and outcome.task.status == "cancelling"
     assert tasks.cancel(db, claimed.task_id, "client-a").status_code == 202
     with pytest.raises(CancelRequested):
-        claims.append_output(db, claimed.task_id, claimed.owner_token, [delta("x")], text="x")
+        worker_writes.append_output(db, claimed.task_id, claimed.owner_token, [delta("x")], text="x")
     with pytest.raises(CancelRequested):
-        claims.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
-    claims.finish_cancelled(db, claimed.task_id, claimed.owner_token)
+        completion.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
+    worker_writes.finish_cancelled(db, claimed.task_id, claimed.owner_token)
     assert task_row(db, claimed.task_id).status == "cancelled"
     assert event_types(db, claimed.task_id)[-2:] == ["response.cancelling", "response.cancelled"]
     assert_log_sound(db, claimed.task_id)
@@ -309,7 +309,7 @@ def test_cancel_of_a_running_task_asks_the_worker_to_stop(db: Database, model_id
 
 def test_cancel_of_a_finished_task_is_a_conflict(db: Database, model_id: str) -> None:
     claimed = run_to_running(db, model_id)
-    claims.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
+    completion.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
     with pytest.raises(Conflict) as error:
         tasks.cancel(db, claimed.task_id, "client-a")
     assert error.value.code == "task_already_finished"
@@ -331,7 +331,7 @@ def test_another_clients_task_is_not_found(db: Database, model_id: str) -> None:
                                     Status.LOADING, Status.FAILED])
 def test_a_terminal_task_never_moves(db: Database, model_id: str, target: Status) -> None:
     claimed = run_to_running(db, model_id)
-    claims.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
+    completion.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
     with db.write() as conn:
         with pytest.raises(ForbiddenTransition):
             move(conn, now=1, expected={Status.COMPLETED}, to=target, events=[],
@@ -350,8 +350,9 @@ def test_a_move_from_an_unexpected_state_changes_nothing(db: Database, model_id:
 
 def test_retry_of_a_dead_letter_makes_a_new_task(db: Database, model_id: str) -> None:
     claimed = run_to_running(db, model_id, max_attempts=1)
-    claims.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e", message="m")
-    new_id = tasks.retry_failed(db, claimed.task_id, max_attempts=3)
-    new = task_row(db, new_id)
+    worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e", message="m")
+    returned = tasks.retry_failed(db, claimed.task_id, max_attempts=3)
+    new = task_row(db, returned.id)
     assert new.status == "queued" and new.retry_of == claimed.task_id
+    assert returned.status == "queued" and returned.output_text == ""
     assert task_row(db, claimed.task_id).status == "failed"

@@ -17,7 +17,7 @@ from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict
 from core.idempotency import IdempotencyClaim
 from core.settings import Settings
-from core.store import claims, tasks
+from core.store import claims, completion, tasks, worker_writes
 from core.store.database import Database
 from core.tables import task_events
 from core.tables import tasks as tasks_table
@@ -41,8 +41,8 @@ def _claim_and_finish(url: str, start: Any, results: Any) -> None:
         batch = claims.claim(db, limit=10, lease_ms=LEASE, node_id="racer")
         idle = idle + 1 if not batch else 0
         for claimed in batch:
-            claims.start_running(db, claimed.task_id, claimed.owner_token)
-            claims.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
+            worker_writes.start_running(db, claimed.task_id, claimed.owner_token)
+            completion.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
             taken.append((claimed.task_id, claimed.attempt))
     results.put(taken)
     db.dispose()
@@ -107,10 +107,10 @@ def _finish_all(url: str, held: list[tuple[str, str]], start: Any, results: Any)
     outcomes = []
     for task_id, owner in held:
         try:
-            claims.complete(db, task_id, owner, [], usage=Usage())
+            completion.complete(db, task_id, owner, [], usage=Usage())
             outcomes.append("completed")
         except CancelRequested:
-            claims.finish_cancelled(db, task_id, owner)
+            worker_writes.finish_cancelled(db, task_id, owner)
             outcomes.append("cancelled")
     results.put(("finish", outcomes))
     db.dispose()
@@ -123,7 +123,7 @@ def test_cancel_racing_finish_never_yields_both(
     held = []
     while batch := claims.claim(db, limit=100, lease_ms=LEASE, node_id="n"):
         for claimed in batch:
-            claims.start_running(db, claimed.task_id, claimed.owner_token)
+            worker_writes.start_running(db, claimed.task_id, claimed.owner_token)
             held.append((claimed.task_id, claimed.owner_token))
     ids = [task_id for task_id, _ in held]
     outcomes = dict(_run([(_cancel_all, (database_url, ids)),

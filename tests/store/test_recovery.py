@@ -8,7 +8,7 @@ import pytest
 from freezegun import freeze_time
 
 from core.states import OnRestart, Status
-from core.store import claims
+from core.store import claims, worker_writes
 from core.store.database import Database
 from core.store.recovery import RESTART_POLICY, expire_leases, recover
 from tests.store.helpers import assert_log_sound, event_types, events_of, new_task, task_row
@@ -24,11 +24,11 @@ def task_in(db: Database, model_id: str, state: Status, policy: OnRestart,
         return task_id
     (claimed,) = claims.claim(db, limit=1, lease_ms=LEASE, node_id=node)
     if state is Status.RUNNING:
-        claims.start_running(db, task_id, claimed.owner_token)
-        claims.append_output(db, task_id, claimed.owner_token, [], text="w0 ",
+        worker_writes.start_running(db, task_id, claimed.owner_token)
+        worker_writes.append_output(db, task_id, claimed.owner_token, [], text="w0 ",
                              snapshot_json='{"pos": 1}')
     if state is Status.CANCELLING:
-        claims.start_running(db, task_id, claimed.owner_token)
+        worker_writes.start_running(db, task_id, claimed.owner_token)
         from core.store.tasks import cancel
 
         cancel(db, task_id, None)

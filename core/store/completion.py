@@ -1,0 +1,126 @@
+"""Completing attempts: `running -> completed` for many tasks in one transaction.
+
+A sweeper's generations often end together (short tasks, many slots); completing them
+in one set-based transaction is what lets one sweeper finish hundreds of tasks a
+second (`scheduler/group_commit.py` gathers them). Each task is still fenced on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Row
+
+from core.engines.base import Usage
+from core.states import Status
+from core.store.database import Database
+from core.store.transitions import Event, Held, PerRow, move
+from core.store.worker_writes import add_outputs, fenced, start_all, terminal_values
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generation that ended, for `complete_all`: the task, its owner token, the
+    closing item/part events, the final usage, the output not yet stored (the last deltas
+    ride in `closing`) and whether the `loading -> running` move is still to be made."""
+
+    task_id: str
+    owner: str
+    closing: Sequence[Event]
+    usage: Usage
+    text: str = ""
+    start: bool = False
+
+
+def complete(
+    db: Database, task_id: str, owner: str, closing: Sequence[Event], *, usage: Usage,
+    text: str = "",
+    start: bool = False,
+) -> None:
+    """`running -> completed` with the closing item/part events and the terminal one:
+    `complete_all` of one task, raising its failure."""
+    [failure] = complete_all(db, [Completion(task_id, owner, closing, usage, text, start)])
+    if failure is not None:
+        raise failure
+
+
+def complete_all(db: Database, completions: Sequence[Completion]) -> list[Exception | None]:
+    """`running -> completed` for many tasks in ONE transaction; per task, None or why
+    its fenced write changed nothing (`CancelRequested`, `LeaseLost`).
+
+    Each task's write is fenced on its own: one that lost its lease or is being
+    cancelled changes nothing, and the others still complete. Set-based: one UPDATE for
+    the pending starts, one per distinct closing-event count (normally one), one events
+    insert each, one executemany for the output. With `start=True` a whole short
+    generation (`loading -> running -> completed`, each move with its event) costs no
+    transaction of its own.
+    """
+    if not completions:
+        return []
+    failures: dict[int, Exception] = {}
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        for batch in _rounds(completions):
+            _complete_batch(conn, now, batch, failures)
+    return [failures.get(i) for i in range(len(completions))]
+
+
+def _rounds(completions: Sequence[Completion]) -> Iterator[dict[int, Completion]]:
+    """The completions (by index) in rounds naming each task once (see `Held`): a stale
+    and a fresh attempt of one task may end together; the stale one then finds it gone."""
+    left = dict(enumerate(completions))
+    while left:
+        batch: dict[int, Completion] = {}
+        ids: set[str] = set()
+        for i, c in left.items():
+            if c.task_id not in ids:
+                ids.add(c.task_id)
+                batch[i] = c
+        yield batch
+        left = {i: c for i, c in left.items() if i not in batch}
+
+
+def _complete_batch(
+    conn: Connection, now: int, batch: dict[int, Completion], failures: dict[int, Exception]
+) -> None:
+    starting = {i: c for i, c in batch.items() if c.start}
+    if starting:
+        _fail_unmoved(conn, starting, start_all(conn, now, _held_by(starting)), failures)
+    running = {i: c for i, c in batch.items() if i not in failures}
+    for group in _by_event_count(running):
+        finished = move(conn, now=now, expected={Status.RUNNING}, where=_held_by(group),
+                        to=Status.COMPLETED, events=_closing_events(group),
+                        values=terminal_values(now))
+        _fail_unmoved(conn, group, finished, failures)
+    outputs = [c for i, c in running.items() if i not in failures]
+    if outputs:
+        add_outputs(conn, now, [(c.task_id, c.text, c.usage) for c in outputs])
+
+
+def _held_by(completions: dict[int, Completion]) -> Held:
+    return Held(tuple((c.task_id, c.owner) for c in completions.values()))
+
+
+def _by_event_count(completions: dict[int, Completion]) -> list[dict[int, Completion]]:
+    """`move` bumps `last_seq` by one count per statement: one group per closing length."""
+    groups: dict[int, dict[int, Completion]] = {}
+    for i, c in completions.items():
+        groups.setdefault(len(c.closing), {})[i] = c
+    return list(groups.values())
+
+
+def _closing_events(group: dict[int, Completion]) -> PerRow:
+    closing = {c.task_id: [*c.closing, Event("response.completed")] for c in group.values()}
+    return PerRow(len(next(iter(closing.values()))), lambda row: closing[row.id])
+
+
+def _fail_unmoved(
+    conn: Connection, tried: dict[int, Completion], moved: list[Row[Any]],
+    failures: dict[int, Exception],
+) -> None:
+    done = {row.id for row in moved}
+    for i, c in tried.items():
+        if c.task_id not in done:
+            failures[i] = fenced(conn, c.task_id, c.owner)

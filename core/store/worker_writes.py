@@ -1,0 +1,210 @@
+"""The worker's fenced writes on a task it holds: heartbeat, progress, failure,
+cancel, requeue, release (completion, set-based, is `core.store.completion`).
+
+Every write names `(id, owner_token, expected state)`. Zero rows changed means the
+worker no longer owns the task: `fenced` then says why — a cancel request it must
+honour (`CancelRequested`) or a lost lease (`LeaseLost`), after which the worker writes
+nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Row, bindparam, select, update
+
+from core.engines.base import Usage
+from core.errors import CancelRequested, LeaseLost
+from core.states import OnRestart, Status
+from core.store.claims import dead_letter
+from core.store.database import Database
+from core.store.transitions import Add, Event, Held, PerRow, move
+from core.tables import responses, tasks
+
+
+def _mine(task_id: str, owner: str) -> list[Any]:
+    return [tasks.c.id == task_id, tasks.c.owner_token == owner]
+
+
+
+
+def fenced(conn: Connection, task_id: str, owner: str) -> Exception:
+    """Why a fenced write changed nothing: a cancel to honour, or a lost lease."""
+    row = conn.execute(
+        select(tasks.c.status, tasks.c.owner_token).where(tasks.c.id == task_id)
+    ).first()
+    if row is not None and row.owner_token == owner and row.status == Status.CANCELLING:
+        return CancelRequested(task_id)
+    return LeaseLost(task_id)
+
+
+def heartbeat(db: Database, task_id: str, owner: str, *, lease_ms: int) -> Status:
+    """Renew the lease; returns the current state so the worker sees `cancelling` too."""
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        row = conn.execute(
+            update(tasks)
+            .where(*_mine(task_id, owner),
+                   tasks.c.status.in_([s.value for s in (Status.LOADING, Status.RUNNING,
+                                                         Status.CANCELLING)]))
+            .values(lease_expires_at=now + lease_ms)
+            .returning(tasks.c.status)
+        ).first()
+        if row is None:
+            raise LeaseLost(task_id)
+        return Status(row.status)
+
+
+def start_running(db: Database, task_id: str, owner: str) -> None:
+    """`loading -> running` once the model is loaded."""
+    with db.write() as conn:
+        _start(conn, db.clock.now_ms(), task_id, owner)
+
+
+def _start(conn: Connection, now: int, task_id: str, owner: str) -> None:
+    if not start_all(conn, now, Held.one(task_id, owner)):
+        raise fenced(conn, task_id, owner)
+
+
+def start_all(conn: Connection, now: int, held: Held) -> list[Row[Any]]:
+    """`loading -> running` for every task `held` names; the rows moved."""
+    return move(conn, now=now, expected={Status.LOADING}, where=held, to=Status.RUNNING,
+                events=[Event("response.in_progress")])
+
+
+def append_output(
+    db: Database,
+    task_id: str,
+    owner: str,
+    events: Sequence[Event],
+    *,
+    text: str = "",
+    snapshot_json: str | None = None,
+    usage: Usage | None = None,
+    start: bool = False,
+) -> None:
+    """Append events (deltas, item/part events) with the snapshot and text they imply.
+
+    Events, snapshot and output text move together, so a resumed task continues from
+    exactly what its clients have seen. `start=True` first makes the `start_running`
+    move in the same transaction (a worker that batches its first writes).
+    """
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        if start:
+            _start(conn, now, task_id, owner)
+        values = {} if snapshot_json is None else {"snapshot_json": snapshot_json}
+        if not move(conn, now=now, expected={Status.RUNNING}, where=Held.one(task_id, owner),
+                    to=None, events=events, values=values):
+            raise fenced(conn, task_id, owner)
+        _add_output(conn, task_id, now, text, usage)
+
+
+def _add_output(conn: Connection, task_id: str, now: int, text: str, usage: Usage | None) -> None:
+    conn.execute(_ADD_OUTPUT[usage is not None], _output_params(task_id, now, text, usage))
+
+
+def add_outputs(conn: Connection, now: int, outputs: Sequence[tuple[str, str, Usage]]) -> None:
+    """Append each `(task_id, text, final usage)` to its response, in one executemany."""
+    conn.execute(_ADD_OUTPUT[True], [_output_params(task_id, now, text, usage)
+                                     for task_id, text, usage in outputs])
+
+
+def _output_params(task_id: str, now: int, text: str, usage: Usage | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"p_task_id": task_id, "p_now": now, "p_text": text}
+    if usage is not None:
+        params.update(p_in=usage.input_tokens, p_out=usage.output_tokens)
+    return params
+
+
+def _output_update(with_usage: bool) -> Any:
+    values: dict[str, Any] = {"updated_at": bindparam("p_now"),
+                              "output_text": responses.c.output_text + bindparam("p_text")}
+    if with_usage:
+        values.update(input_tokens=bindparam("p_in"), output_tokens=bindparam("p_out"))
+    return (update(responses).where(responses.c.task_id == bindparam("p_task_id"))
+            .values(**values))
+
+
+# Prepared once (see `transitions.Held`): appending output is the worker's hottest write.
+_ADD_OUTPUT = {with_usage: _output_update(with_usage) for with_usage in (False, True)}
+
+
+def terminal_values(now: int) -> dict[str, Any]:
+    """The values every terminal move sets: finished now, no owner, no lease."""
+    return {"finished_at": now, "owner_token": None, "lease_expires_at": None}
+
+
+def fail(db: Database, task_id: str, owner: str, code: str, message: str) -> None:
+    """A non-retryable failure: `failed` at once, not a dead letter."""
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        error = {"code": code, "message": message[:500]}
+        if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
+                    where=Held.one(task_id, owner), to=Status.FAILED,
+                    events=[Event("response.failed", {"error": error, "dead_lettered": False})],
+                    values={**terminal_values(now), "error_code": code,
+                            "error_message": error["message"]}):
+            raise fenced(conn, task_id, owner)
+
+
+def finish_cancelled(db: Database, task_id: str, owner: str) -> None:
+    """The worker honours a cancel request: `cancelling -> cancelled`."""
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        if not move(conn, now=now, expected={Status.CANCELLING}, where=Held.one(task_id, owner),
+                    to=Status.CANCELLED, events=[Event("response.cancelled")],
+                    values=terminal_values(now)):
+            raise LeaseLost(task_id)
+
+
+def requeue(
+    db: Database, task_id: str, owner: str, *, delay_ms: int, code: str, message: str
+) -> bool:
+    """A retryable failure: back to `queued` after `delay_ms`, or a dead letter when the
+    attempts are spent. Returns True when requeued, False when dead-lettered."""
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        active = {Status.LOADING, Status.RUNNING}
+        run_at = now + delay_ms
+
+        queued = PerRow(1, lambda row: [Event("response.queued", {
+            "reason": "retry", "attempt": row.attempts, "run_at": run_at,
+            "error": {"code": code, "message": message[:500]}})])
+
+        if move(conn, now=now, expected=active,
+                where=[*_mine(task_id, owner), tasks.c.attempts < tasks.c.max_attempts],
+                to=Status.QUEUED, events=queued,
+                values={"run_at": run_at, "owner_token": None, "lease_expires_at": None,
+                        "error_code": code,
+                        "error_message": message[:500]}):
+            return True
+        owned = conn.execute(select(tasks.c.status).where(*_mine(task_id, owner))).first()
+        if owned is None or Status(owned.status) not in active or not dead_letter(
+                conn, now, Held.one(task_id, owner), expected=Status(owned.status)):
+            raise fenced(conn, task_id, owner)
+        return False
+
+
+def release(db: Database, task_id: str, owner: str) -> None:
+    """Graceful stop: hand the task back, refunding the attempt.
+
+    A `resume` task that was running stays `running` with its snapshot and no lease,
+    so the next claim continues it; anything else goes back to `queued`.
+    """
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        refund = {"owner_token": None, "lease_expires_at": None, "attempts": Add(-1)}
+        if move(conn, now=now, expected={Status.RUNNING},
+                where=[*_mine(task_id, owner), tasks.c.on_restart == OnRestart.RESUME.value],
+                to=Status.RUNNING, events=[], values=refund):
+            return
+
+        released = PerRow(1, lambda row: [Event("response.queued", {
+            "reason": "released", "attempt": row.attempts, "run_at": now})])
+
+        if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
+                    where=Held.one(task_id, owner), to=Status.QUEUED, events=released,
+                    values={**refund, "run_at": now}):
+            raise fenced(conn, task_id, owner)
