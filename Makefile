@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-slow bench lint
+.PHONY: install run test test-slow bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,5 +27,7 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m slow
 
+# Every figure of docs/benchmarks.md, each script beside its peer (~25 minutes).
 bench: install
-	$(PY) bench/store.py
+	for script in store schedules throughput engine service http; do \
+		$(PY) -m bench.$$script || exit 1; done
