@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-slow bench
+.PHONY: install run test test-slow lint bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow
+
+lint: install
+	$(VENV)/bin/ruff check .
 
 # Every figure of docs/benchmarks.md, each script beside its peer (~25 minutes).
 bench: install

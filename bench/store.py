@@ -39,7 +39,6 @@ from infra.db import create_db_engine
 from infra.migrate import upgrade
 from tests.databases import private_pg_database
 
-
 # Requests per commit in the group-commit figure: what the API's enqueuer gathers when
 # 16 clients post at once (`handlers/enqueuing.py`, `enqueue_many`).
 GROUP = 16

@@ -73,7 +73,8 @@ class ModelRow(SQLModel, table=True):
     size_bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
     sha256: str = Field(sa_column=Column(String(64), nullable=False))
     created_at: int = _ms()
-    metadata_json: str = Field(sa_column=Column("metadata", Text, key="metadata_json", nullable=False))
+    metadata_json: str = Field(
+        sa_column=Column("metadata", Text, key="metadata_json", nullable=False))
 
 
 class TaskRow(SQLModel, table=True):
@@ -114,9 +115,11 @@ class TaskRow(SQLModel, table=True):
     error_code: str | None = Field(sa_column=Column(String(64), nullable=True))
     error_message: str | None = Field(sa_column=Column(String(500), nullable=True))
     dead_lettered: int = Field(sa_column=Column(Integer, nullable=False, server_default="0"))
-    metadata_json: str = Field(sa_column=Column("metadata", Text, key="metadata_json", nullable=False))
+    metadata_json: str = Field(
+        sa_column=Column("metadata", Text, key="metadata_json", nullable=False))
     request_json: str = Field(sa_column=Column("request", Text, key="request_json", nullable=False))
-    snapshot_json: str | None = Field(sa_column=Column("snapshot", Text, key="snapshot_json", nullable=True))
+    snapshot_json: str | None = Field(
+        sa_column=Column("snapshot", Text, key="snapshot_json", nullable=True))
     schedule_id: str | None = Field(sa_column=Column(String(40), nullable=True))
     retry_of: str | None = Field(sa_column=Column(String(40), nullable=True))
 

@@ -2,8 +2,9 @@
 
 `create_app` is the one place that wires the HTTP layer to a store. Handlers keep no
 state between requests; what a process shares (`Services`) is its database engine, its
-settings, the live-tail poller, the token cache and the group-commit enqueuer. `taskward serve` runs it under granian (a factory, one app
-per worker); `taskward run` adds its sweeper through `on_startup`/`on_shutdown`.
+settings, the live-tail poller, the token cache and the group-commit enqueuer.
+`taskward serve` runs it under granian (a factory, one app per worker); `taskward run`
+adds its sweeper through `on_startup`/`on_shutdown`.
 """
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ def problem_of(exc: Exception) -> ProblemDetailsException:
         return _http_problem(exc)
     if isinstance(exc, DataError):
         # PostgreSQL refuses some values (a NUL character) that no check above caught.
-        return problem(422, "validation_error", "a value contains a character that cannot be stored")
+        return problem(422, "validation_error",
+                       "a value contains a character that cannot be stored")
     if isinstance(exc, OperationalError):
         log.warning("store unavailable: %s", type(exc.orig).__name__)
         return problem(503, "store_unavailable", "the store is unavailable; try again",

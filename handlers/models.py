@@ -27,8 +27,9 @@ _NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
 
 class ModelBody(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    path: str = Field(min_length=1, max_length=1024, pattern=_NO_CONTROL,
-                      description="a file inside the models directory (relative to it, or absolute)")
+    path: str = Field(
+        min_length=1, max_length=1024, pattern=_NO_CONTROL,
+        description="a file inside the models directory (relative to it, or absolute)")
     id: str | None = Field(default=None, min_length=1, max_length=200,
                            description="defaults to the file name without its extension")
     engine: str = Field(default=DEFAULT_ENGINE, min_length=1, max_length=64,

@@ -21,7 +21,8 @@ def create_db_engine(settings: Settings) -> Engine:
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": settings.sqlite_busy_timeout_ms / 1000},
+            connect_args={"check_same_thread": False,
+                          "timeout": settings.sqlite_busy_timeout_ms / 1000},
             pool_size=8,
             max_overflow=16,
         )

@@ -205,23 +205,24 @@ class _Writes:
         if self._output.flush_due(now):
             self.flush(now)
         elif self._start_wait(now) == 0:
-            worker_writes.start_running(self._db, self._attempt.task_id, self._attempt.claim.owner_token)
+            worker_writes.start_running(self._db, self._attempt.task_id,
+                                        self._attempt.claim.owner_token)
             self._running = True
 
     def flush(self, now: int) -> None:
         flush = self._output.take_flush(now)
         if flush is not None:
             worker_writes.append_output(self._db, self._attempt.task_id,
-                                 self._attempt.claim.owner_token, flush.events,
-                                 text=flush.text, snapshot_json=flush.snapshot_json,
-                                 usage=flush.usage, start=not self._running)
+                                        self._attempt.claim.owner_token, flush.events,
+                                        text=flush.text, snapshot_json=flush.snapshot_json,
+                                        usage=flush.usage, start=not self._running)
             self._running = True
 
     def complete(self) -> None:
         events, text = self._output.take_closing()
         self._complete(completion.Completion(self._attempt.task_id, self._attempt.claim.owner_token,
-                                         events, self._output.usage, text,
-                                         start=not self._running))
+                                             events, self._output.usage, text,
+                                             start=not self._running))
 
 
 def _stop(
@@ -263,7 +264,7 @@ def _retry(db: Database, settings: Settings, attempt: Attempt, code: str, messag
     delay = retry_delay_ms(attempt.claim.attempt, base_seconds=settings.backoff_base_seconds,
                            max_seconds=settings.backoff_max_seconds)
     requeued = worker_writes.requeue(db, attempt.task_id, attempt.claim.owner_token, delay_ms=delay,
-                              code=code, message=message)
+                                     code=code, message=message)
     return Outcome.REQUEUED if requeued else Outcome.DEAD_LETTERED
 
 

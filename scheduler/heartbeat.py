@@ -63,7 +63,7 @@ class LeaseKeeper:
         """One heartbeat; a database error is logged and retried on the next tick."""
         try:
             status = worker_writes.heartbeat(self._db, attempt.task_id, attempt.claim.owner_token,
-                                      lease_ms=self._lease_ms)
+                                             lease_ms=self._lease_ms)
         except LeaseLost:
             attempt.raise_flag(StopReason.LOST)
             return

@@ -4,8 +4,9 @@
 free slots, since a claimed task waiting in memory would hold a lease nobody works on.
 Attempts that end together complete in one transaction (`GroupCommit`), and a claim
 waits a moment for slots about to free up, so short tasks cost a few transactions per
-batch instead of several per task. Every thread here has an owner: runner threads belong to the executor, engine threads
-to their attempts, the lease keeper to the pool, and `stop` ends them all.
+batch instead of several per task. Every thread here has an owner: runner threads
+belong to the executor, engine threads to their attempts, the lease keeper to the pool,
+and `stop` ends them all.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ class Workers:
         self.claimed = 0
         self._keeper = LeaseKeeper(db, lease_ms=int(settings.lease_seconds * 1000),
                                    heartbeat_ms=int(settings.heartbeat_seconds * 1000))
-        self._completions = GroupCommit(partial(completion.complete_all, db), running=self.running,
-                                        gather_seconds=_GATHER_SECONDS, quiet_seconds=_QUIET_SECONDS)
+        self._completions = GroupCommit(partial(completion.complete_all, db),
+                                        running=self.running, gather_seconds=_GATHER_SECONDS,
+                                        quiet_seconds=_QUIET_SECONDS)
         self._executor = ThreadPoolExecutor(max_workers=self._slots,
                                             thread_name_prefix="taskward-runner")
         self._keeper.start()

@@ -32,7 +32,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import TypeEngine
 
 
-def json_rows(dialect_name: str, name: str, columns: Sequence[tuple[str, TypeEngine[Any]]]) -> Subquery:
+def json_rows(
+    dialect_name: str, name: str, columns: Sequence[tuple[str, TypeEngine[Any]]]
+) -> Subquery:
     """A table named `name` with `columns`, whose rows are the bound parameter `name`:
     pass `rows_param(rows)` for it. Build statements with it once per dialect."""
     if dialect_name == "postgresql":

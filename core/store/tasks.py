@@ -200,12 +200,13 @@ def insert_tasks(
     Shared by `enqueue`, retries of dead letters and schedule firing, so every task is
     born the same way, in four statements however many there are: one query checks the
     models (an unknown one refuses the whole batch before anything is written); the
-    tasks go in as one multi-row `INSERT … ON CONFLICT DO NOTHING RETURNING id` (the ids
-    of the rows inserted come back, matched by id, not position: they are made here);
-    then their response rows and `response.created` events, one executemany each.
-    Within a batch as between batches, the first request holding a dedupe key wins. A past `run_at` is kept as given: the task
-    is due at once, and a schedule's task carries its slot. Each answer is the new
-    task's columns (with empty response columns), enough to render it without a read-back.
+    tasks go in as one `INSERT … ON CONFLICT DO NOTHING RETURNING id` (the ids of the
+    rows inserted come back, matched by id, not position: they are made here); then
+    their response rows and `response.created` events (`core.store.bulk.insert_rows`).
+    Within a batch as between batches, the first request holding a dedupe key wins. A
+    past `run_at` is kept as given: the task is due at once, and a schedule's task
+    carries its slot. Each answer is the new task's columns (with empty response
+    columns), enough to render it without a read-back.
     """
     if not news:
         return []

@@ -85,10 +85,10 @@ def start_due(db: Database) -> list[claims.Claim]:
 def finish(db: Database, claim: claims.Claim, text: str = "w0 w1 w2 ") -> None:
     """Write the output of a running task and complete it."""
     worker_writes.append_output(db, claim.task_id, claim.owner_token,
-                         output_events(claim.task_id, text), text=text,
-                         snapshot_json=json.dumps({"pos": 3}), usage=Usage(3, 3))
+                                output_events(claim.task_id, text), text=text,
+                                snapshot_json=json.dumps({"pos": 3}), usage=Usage(3, 3))
     completion.complete(db, claim.task_id, claim.owner_token, closing_events(claim.task_id, text),
-                    usage=Usage(3, 3))
+                        usage=Usage(3, 3))
 
 
 def complete_due(db: Database, text: str = "w0 w1 w2 ") -> list[str]:

@@ -67,7 +67,9 @@ def process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
                 continue
 
 
-def wait_ready(base_url: str, child: subprocess.Popen[bytes], log: Path, seconds: float = 30) -> None:
+def wait_ready(
+    base_url: str, child: subprocess.Popen[bytes], log: Path, seconds: float = 30
+) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if child.poll() is not None:

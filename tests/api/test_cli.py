@@ -83,7 +83,8 @@ def test_dead_letters_list_and_retry(run: Any, db: Database, settings: Settings)
     failed = enqueue(db, NewTask(client_id="c", model=model, request_json="{}",
                                  max_attempts=1)).task_id
     (claim,) = claims.claim(db, limit=1, lease_ms=60_000, node_id="test")
-    worker_writes.requeue(db, failed, claim.owner_token, delay_ms=0, code="engine_error", message="x")
+    worker_writes.requeue(db, failed, claim.owner_token, delay_ms=0, code="engine_error",
+                          message="x")
     assert [t["id"] for t in run("dead-letters", "list", "--json")] == [failed]
     fresh = run("dead-letters", "retry", failed, "--json")
     assert fresh["id"] != failed and fresh["status"] == "queued"

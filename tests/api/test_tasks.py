@@ -118,7 +118,7 @@ def dead_letter(db: Database, who: Caller, model_id: str) -> str:
     task_id = create(who, model_id, max_attempts=1)
     (claim,) = claims.claim(db, limit=1, lease_ms=60_000, node_id="test")
     assert not worker_writes.requeue(db, claim.task_id, claim.owner_token, delay_ms=0,
-                              code="engine_error", message="boom")
+                                     code="engine_error", message="boom")
     return task_id
 
 

@@ -52,7 +52,7 @@ def closing(task_id: str, index: int, text: str) -> list[Event]:
 
 def retry(db: Database, claim: claims.Claim) -> None:
     assert worker_writes.requeue(db, claim.task_id, claim.owner_token, delay_ms=0,
-                          code="engine_error", message="injected failure")
+                                 code="engine_error", message="injected failure")
 
 
 def read_with_helper(alice: Caller, http: TestClient[Any], task_id: str) -> tuple[
@@ -77,16 +77,16 @@ def test_a_retry_that_opens_its_message_at_the_next_index_streams_through_the_he
     task_id = create(alice, model_id)
     first = claim_one(db)
     worker_writes.append_output(db, task_id, first.owner_token,
-                         opening(task_id, 0) + delta(task_id, 0, "w0 "), text="w0 ",
-                         snapshot_json=json.dumps({"pos": 1}), usage=Usage(3, 1))
+                                opening(task_id, 0) + delta(task_id, 0, "w0 "), text="w0 ",
+                                snapshot_json=json.dumps({"pos": 1}), usage=Usage(3, 1))
     retry(db, first)
     second = claim_one(db)
     worker_writes.append_output(db, task_id, second.owner_token,
-                         opening(task_id, 1) + delta(task_id, 1, "w0 w1 "), text="w0 w1 ",
-                         snapshot_json=json.dumps({"pos": 2}), usage=Usage(3, 2))
+                                opening(task_id, 1) + delta(task_id, 1, "w0 w1 "), text="w0 w1 ",
+                                snapshot_json=json.dumps({"pos": 2}), usage=Usage(3, 2))
     completion.complete(db, task_id, second.owner_token,
-                    delta(task_id, 1, "w2 ") + closing(task_id, 1, "w0 w1 w2 "),
-                    usage=Usage(3, 3), text="w2 ")
+                        delta(task_id, 1, "w2 ") + closing(task_id, 1, "w0 w1 w2 "),
+                        usage=Usage(3, 3), text="w2 ")
 
     texts, final = read_with_helper(alice, http, task_id)
 

@@ -108,7 +108,8 @@ def test_cancelling_a_finished_response_answers_it_unchanged(
     complete_one(db)
     before = alice.get(f"/v1/tasks/{task_id}").json()
     answer = alice.post(f"/v1/responses/{task_id}/cancel")
-    assert (answer.status_code, answer.json()) == (200, alice.get(f"/v1/responses/{task_id}").json())
+    current = alice.get(f"/v1/responses/{task_id}").json()
+    assert (answer.status_code, answer.json()) == (200, current)
     assert alice.get(f"/v1/tasks/{task_id}").json() == before
 
 

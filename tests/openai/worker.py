@@ -29,11 +29,11 @@ def write_attempt(db: Database, claim: claims.Claim, words: int, *, finish: bool
     flush = output.take_flush(1)
     assert flush is not None
     worker_writes.append_output(db, claim.task_id, claim.owner_token, flush.events, text=flush.text,
-                         snapshot_json=flush.snapshot_json, usage=flush.usage)
+                                snapshot_json=flush.snapshot_json, usage=flush.usage)
     if finish:
         events, text = output.take_closing()
         completion.complete(db, claim.task_id, claim.owner_token, events, usage=output.usage,
-                        text=text)
+                            text=text)
 
 
 def complete_one(db: Database, words: int = 3) -> str:

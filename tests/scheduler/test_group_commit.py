@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -108,7 +108,9 @@ def test_a_failed_write_reaches_every_member_and_the_next_group_still_runs() -> 
 
 
 def test_a_write_that_answers_for_too_few_items_fails_them_all() -> None:
-    short: Callable[[Sequence[str]], list[BaseException | None]] = lambda items: []
+    def short(items: Sequence[str]) -> list[BaseException | None]:
+        return []
+
     commit = GroupCommit(short)
     with pytest.raises(ValueError, match="every item"):
         commit.submit("x")

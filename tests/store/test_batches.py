@@ -28,7 +28,9 @@ def done(text: str) -> list[Event]:
             Event("response.output_text.done", {"text": text})]
 
 
-def completion_of(claimed: claims.Claim, text: str = "w0 ", **fields: object) -> completion.Completion:
+def completion_of(
+    claimed: claims.Claim, text: str = "w0 ", **fields: object
+) -> completion.Completion:
     values: dict[str, object] = {"task_id": claimed.task_id, "owner": claimed.owner_token,
                                  "closing": done(text), "usage": Usage(3, 1), "text": text,
                                  "start": True, **fields}
@@ -68,7 +70,8 @@ def test_complete_all_finishes_many_short_tasks_in_one_transaction(
     ids = [new_task(db, model_id) for _ in range(5)]
     batch = claims.claim(db, limit=5, lease_ms=LEASE, node_id="n")
     with counting_commits(db) as commits:
-        outcomes = completion.complete_all(db, [completion_of(c, f"t{i} ") for i, c in enumerate(batch)])
+        outcomes = completion.complete_all(
+            db, [completion_of(c, f"t{i} ") for i, c in enumerate(batch)])
     assert outcomes == [None] * 5
     assert len(commits) == 1
     for i, task_id in enumerate(ids):
@@ -115,7 +118,8 @@ def test_complete_all_takes_closings_of_different_lengths(db: Database, model_id
     short, longer, none = claims.claim(db, limit=3, lease_ms=LEASE, node_id="n")
     outcomes = completion.complete_all(db, [
         completion_of(short),
-        completion_of(longer, closing=[*done("ab"), Event("response.content_part.done")], text="ab"),
+        completion_of(longer, closing=[*done("ab"), Event("response.content_part.done")],
+                      text="ab"),
         completion_of(none, closing=[], text=""),
     ])
     assert outcomes == [None, None, None]
@@ -133,7 +137,8 @@ def test_a_stale_and_a_fresh_attempt_of_one_task_in_one_call(db: Database, model
     worker_writes.release(db, task_id, stale.owner_token)
     fresh = claims.claim(db, limit=1, lease_ms=LEASE, node_id="new")[0]
 
-    outcomes = completion.complete_all(db, [completion_of(stale, "old "), completion_of(fresh, "new ")])
+    outcomes = completion.complete_all(
+        db, [completion_of(stale, "old "), completion_of(fresh, "new ")])
 
     assert outcomes[0] is not None and isinstance(outcomes[0], LeaseLost)
     assert outcomes[1] is None
@@ -148,7 +153,7 @@ def test_complete_of_one_task_is_complete_all_of_one(db: Database, model_id: str
     with pytest.raises(LeaseLost):
         completion.complete(db, claimed.task_id, "0" * 32, [], usage=Usage(), start=True)
     completion.complete(db, claimed.task_id, claimed.owner_token, done("x"), usage=Usage(1, 1),
-                    text="x", start=True)
+                        text="x", start=True)
     assert task_row(db, claimed.task_id).status == "completed"
     assert completion.complete_all(db, []) == []
 

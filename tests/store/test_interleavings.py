@@ -14,13 +14,15 @@ import json
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from sqlalchemy import delete, select
 
 from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict, LeaseLost
 from core.objects import TERMINAL_EVENTS
+from core.settings import Settings as TaskwardSettings
 from core.states import TERMINAL, OnRestart, Status
 from core.store import claims, completion, tasks, worker_writes
 from core.store.database import Database
@@ -29,7 +31,6 @@ from core.store.transitions import Event
 from core.tables import metadata, task_events
 from core.tables import tasks as tasks_table
 from infra.db import create_db_engine
-from core.settings import Settings as TaskwardSettings
 
 LEASE_MS = 10_000
 WORKERS = 3
@@ -145,7 +146,8 @@ def interleavings(database_url: str) -> type[RuleBasedStateMachine]:
             if pick := self.held(data, "loading", "running", "cancelling"):
                 worker, task_id = pick
                 try:
-                    worker_writes.heartbeat(self.db, task_id, worker.held[task_id], lease_ms=LEASE_MS)
+                    worker_writes.heartbeat(self.db, task_id, worker.held[task_id],
+                                            lease_ms=LEASE_MS)
                 except LeaseLost:
                     worker.held.pop(task_id)
 
@@ -159,7 +161,7 @@ def interleavings(database_url: str) -> type[RuleBasedStateMachine]:
                 "complete": lambda t, o: completion.complete(self.db, t, o, [], usage=Usage()),
                 "fail": lambda t, o: worker_writes.fail(self.db, t, o, "bad", "m"),
                 "requeue": lambda t, o: worker_writes.requeue(self.db, t, o, delay_ms=1000,
-                                                       code="e", message="m"),
+                                                              code="e", message="m"),
                 "release": lambda t, o: worker_writes.release(self.db, t, o),
             }
             self.fenced_write(*pick, operations[how])

@@ -182,7 +182,7 @@ def test_claim_after_lease_expiry_dead_letters_when_attempts_spent(
 def test_progress_appends_events_snapshot_and_text_together(db: Database, model_id: str) -> None:
     claimed = run_to_running(db, model_id)
     worker_writes.append_output(db, claimed.task_id, claimed.owner_token, [delta("ab"), delta("c")],
-                         text="abc", snapshot_json='{"pos": 2}', usage=Usage(3, 2))
+                                text="abc", snapshot_json='{"pos": 2}', usage=Usage(3, 2))
     row = task_row(db, claimed.task_id)
     assert row.snapshot_json == '{"pos": 2}' and row.last_seq == 5
     with db.read() as conn:
@@ -196,7 +196,7 @@ def test_complete_writes_closing_events_and_the_terminal_one_last(
 ) -> None:
     claimed = run_to_running(db, model_id)
     completion.complete(db, claimed.task_id, claimed.owner_token,
-                    [Event("response.output_text.done", {"text": ""})], usage=Usage(1, 1))
+                        [Event("response.output_text.done", {"text": ""})], usage=Usage(1, 1))
     row = task_row(db, claimed.task_id)
     assert row.status == "completed" and row.owner_token is None and row.finished_at
     assert event_types(db, claimed.task_id)[-2:] == ["response.output_text.done",
@@ -224,7 +224,7 @@ def test_heartbeat_renews_the_lease(db: Database, model_id: str) -> None:
         claimed = run_to_running(db, model_id)
     with freeze_time("2026-01-01 00:00:20"):
         assert worker_writes.heartbeat(db, claimed.task_id, claimed.owner_token,
-                                lease_ms=LEASE) is Status.RUNNING
+                                       lease_ms=LEASE) is Status.RUNNING
         expected = db.clock.now_ms() + LEASE
     assert task_row(db, claimed.task_id).lease_expires_at == expected
 
@@ -242,7 +242,7 @@ def test_retryable_failure_requeues_with_the_given_delay(db: Database, model_id:
     with freeze_time("2026-01-01 00:00:00"):
         claimed = run_to_running(db, model_id)
         assert worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=5000,
-                              code="engine_error", message="boom")
+                                     code="engine_error", message="boom")
         due = db.clock.now_ms() + 5000
     row = task_row(db, claimed.task_id)
     assert (row.status, row.run_at, row.owner_token) == ("queued", due, None)
@@ -253,8 +253,9 @@ def test_retryable_failure_requeues_with_the_given_delay(db: Database, model_id:
 def test_a_requeued_task_starts_over_with_empty_output(db: Database, model_id: str) -> None:
     claimed = run_to_running(db, model_id)
     worker_writes.append_output(db, claimed.task_id, claimed.owner_token, [delta("ab")], text="ab",
-                         snapshot_json='{"pos": 1}')
-    worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e", message="m")
+                                snapshot_json='{"pos": 1}')
+    worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e",
+                          message="m")
     again = claim_one(db)
     assert again.attempt == 2 and again.output_text == "" and again.snapshot_json is None
 
@@ -272,7 +273,7 @@ def test_release_of_a_resume_task_keeps_its_snapshot_for_the_next_claim(
 ) -> None:
     claimed = run_to_running(db, model_id, on_restart=OnRestart.RESUME)
     worker_writes.append_output(db, claimed.task_id, claimed.owner_token, [delta("w0 ")],
-                         text="w0 ", snapshot_json='{"pos": 1}')
+                                text="w0 ", snapshot_json='{"pos": 1}')
     worker_writes.release(db, claimed.task_id, claimed.owner_token)
     row = task_row(db, claimed.task_id)
     assert (row.status, row.attempts, row.owner_token) == ("running", 0, None)
@@ -298,7 +299,8 @@ def test_cancel_of_a_running_task_asks_the_worker_to_stop(db: Database, model_id
     assert outcome.status_code == 202 and outcome.task.status == "cancelling"
     assert tasks.cancel(db, claimed.task_id, "client-a").status_code == 202
     with pytest.raises(CancelRequested):
-        worker_writes.append_output(db, claimed.task_id, claimed.owner_token, [delta("x")], text="x")
+        worker_writes.append_output(db, claimed.task_id, claimed.owner_token, [delta("x")],
+                                    text="x")
     with pytest.raises(CancelRequested):
         completion.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
     worker_writes.finish_cancelled(db, claimed.task_id, claimed.owner_token)
@@ -350,7 +352,8 @@ def test_a_move_from_an_unexpected_state_changes_nothing(db: Database, model_id:
 
 def test_retry_of_a_dead_letter_makes_a_new_task(db: Database, model_id: str) -> None:
     claimed = run_to_running(db, model_id, max_attempts=1)
-    worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e", message="m")
+    worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e",
+                          message="m")
     returned = tasks.retry_failed(db, claimed.task_id, max_attempts=3)
     new = task_row(db, returned.id)
     assert new.status == "queued" and new.retry_of == claimed.task_id

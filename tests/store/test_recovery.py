@@ -26,7 +26,7 @@ def task_in(db: Database, model_id: str, state: Status, policy: OnRestart,
     if state is Status.RUNNING:
         worker_writes.start_running(db, task_id, claimed.owner_token)
         worker_writes.append_output(db, task_id, claimed.owner_token, [], text="w0 ",
-                             snapshot_json='{"pos": 1}')
+                                    snapshot_json='{"pos": 1}')
     if state is Status.CANCELLING:
         worker_writes.start_running(db, task_id, claimed.owner_token)
         from core.store.tasks import cancel
