@@ -3,7 +3,9 @@
 It runs apart from every runner and engine thread, so a slow model step or a long
 flush never starves a lease (the lease is also much longer than the heartbeat period).
 Its answers feed back into the attempts: `cancelling` raises the cancel flag, a renewal
-that changes nothing raises `lost`.
+that changes nothing raises `lost`. `renew_soon` makes it renew a task at its next tick
+(~100 ms) instead of a heartbeat period later: how an announced cancel reaches a worker
+whose engine produces nothing to write for a while (loading, a long prompt).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class LeaseKeeper:
         self._tick = tick_seconds
         self._held: dict[str, Attempt] = {}
         self._failing: set[str] = set()  # tasks whose last renewal failed (logged once)
+        self._soon: set[str] = set()  # tasks to renew at the next tick, whatever is due
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
@@ -50,13 +53,20 @@ class LeaseKeeper:
             if self._held.get(attempt.task_id) is attempt:
                 del self._held[attempt.task_id]
 
+    def renew_soon(self, task_id: str) -> None:
+        """Renew `task_id` at the next tick if this process holds it (thread-safe)."""
+        with self._lock:
+            if task_id in self._held:
+                self._soon.add(task_id)
+
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
             with self._lock:
                 held = list(self._held.values())
+                soon, self._soon = self._soon, set()
             due = self._db.clock.now_ms() - self._heartbeat_ms
             for attempt in held:
-                if attempt.renewed_at_ms <= due:
+                if attempt.renewed_at_ms <= due or attempt.task_id in soon:
                     self._renew(attempt)
 
     def _renew(self, attempt: Attempt) -> None:

@@ -22,7 +22,7 @@ from croniter import croniter
 
 from core.clock import Clock
 from core.settings import Settings
-from core.store.database import Database
+from core.store.database import CANCEL_CHANNEL, WORK_CHANNEL, Database
 from scheduler.sweep import maintain
 from scheduler.wakeups import PgListener
 from scheduler.workers import Workers
@@ -94,9 +94,11 @@ class SweeperLoop:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._workers: Workers | None = None
-        self._listener = None if db.is_sqlite else PgListener(settings.database_url, self._wake)
-        if in_process_wakeups:
-            db.add_work_listener(self._wake.set)
+        announced = {WORK_CHANNEL: lambda _payload: self._wake.set(),
+                     CANCEL_CHANNEL: self._cancel_requested}
+        self._listener = None if db.is_sqlite else PgListener(settings.database_url, announced)
+        if in_process_wakeups:  # cancels: `Workers` listens in-process itself
+            db.listen(WORK_CHANNEL, announced[WORK_CHANNEL])
         pushed = in_process_wakeups or self._listener is not None
         poll = settings.poll_interval_ms / 1000
         self._idle_wait = max(poll, _PUSHED_POLL_SECONDS) if pushed else poll
@@ -136,6 +138,10 @@ class SweeperLoop:
             if started:
                 continue  # more may be due; with no free slot a claim costs nothing
             self._wake.wait(self._idle_wait)
+
+    def _cancel_requested(self, task_id: str) -> None:
+        if task_id and self._workers is not None:
+            self._workers.cancel_requested(task_id)
 
     @staticmethod
     def _log_pass(summary: dict[str, object]) -> None:

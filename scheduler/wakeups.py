@@ -1,10 +1,12 @@
-"""What wakes the claiming loop before its next poll.
+"""What wakes the sweeper before its next poll: new work, and cancels of running tasks.
 
-- PostgreSQL: a LISTEN connection on `WORK_CHANNEL`; `enqueue` NOTIFYs on commit, so
-  every sweeper on every machine hears about new work within milliseconds.
-- Same process as the API (`taskward run`): `Database.add_work_listener`, which fires
-  after the enqueueing transaction commits — the only push SQLite has.
-- Otherwise the loop polls every `TASKWARD_POLL_INTERVAL_MS`.
+- PostgreSQL: a LISTEN connection on `WORK_CHANNEL` and `CANCEL_CHANNEL`; `enqueue`
+  and `cancel` NOTIFY on commit, so every sweeper on every machine hears within
+  milliseconds.
+- Same process as the API (`taskward run`): `Database.listen`, called after the
+  announcing transaction commits — the only push SQLite has.
+- Otherwise the loop polls every `TASKWARD_POLL_INTERVAL_MS`, and a cancel is seen at
+  the worker's next write or heartbeat.
 
 Tasks that become due later (`run_at`, retry backoff) announce nothing, so the loop
 still polls, just less often when a push source exists.
@@ -14,11 +16,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Mapping
 
 import psycopg
 from sqlalchemy.engine import make_url
-
-from core.store.database import WORK_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +28,15 @@ _LISTEN_TICK_SECONDS = 0.5  # how often the listener looks at its stop flag
 
 
 class PgListener:
-    """A thread holding one LISTEN connection; it reconnects after any error."""
+    """A thread holding one LISTEN connection for `handlers` (channel -> function of
+    the payload); it reconnects after any error. After each (re)connection every
+    handler is called once with an empty payload: something may have been announced
+    while nobody listened (a handler that needs a payload ignores the empty one)."""
 
-    def __init__(self, database_url: str, wake: threading.Event) -> None:
+    def __init__(self, database_url: str, handlers: Mapping[str, Callable[[str], None]]) -> None:
         url = make_url(database_url).set(drivername="postgresql")
         self._conninfo = url.render_as_string(hide_password=False)
-        self._wake = wake
+        self._handlers = dict(handlers)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pg-listener", daemon=True)
 
@@ -47,11 +51,13 @@ class PgListener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(f"LISTEN {WORK_CHANNEL}")
-                    self._wake.set()  # anything announced while we were not listening
+                    for channel in self._handlers:
+                        conn.execute(f"LISTEN {channel}")
+                    for handle in self._handlers.values():
+                        handle("")
                     while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=_LISTEN_TICK_SECONDS):
-                            self._wake.set()
+                        for notice in conn.notifies(timeout=_LISTEN_TICK_SECONDS):
+                            self._handlers[notice.channel](notice.payload)
             except psycopg.Error as exc:
-                log.warning("LISTEN %s failed (%s); retrying", WORK_CHANNEL, type(exc).__name__)
+                log.warning("LISTEN failed (%s); retrying", type(exc).__name__)
                 self._stop.wait(_RECONNECT_SECONDS)

@@ -21,7 +21,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from core.clock import Clock
 
 _WRITE_OPTION = "taskward_write"
-WORK_CHANNEL = "taskward_work"
+WORK_CHANNEL = "taskward_work"  # payload: none; new work is due
+CANCEL_CHANNEL = "taskward_cancel"  # payload: the id of a task now `cancelling`
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
 class Database:
@@ -31,7 +33,7 @@ class Database:
         self.engine = engine
         self.clock = clock or Clock()
         self.is_sqlite = engine.dialect.name == "sqlite"
-        self._work_listeners: list[Callable[[], None]] = []
+        self._listeners: dict[str, list[Callable[[str], None]]] = {}
         self._conflict_inserts: dict[tuple[str, str], Any] = {}
         self._writers = _WriterQueue(engine.url.database if self.is_sqlite else None)
         if self.is_sqlite:
@@ -70,20 +72,30 @@ class Database:
 
     def announce_work(self, conn: Connection) -> None:
         """Tell sweepers that new work is due, as part of the transaction `conn`.
+        SQLite processes without the API in them fall back to short polling."""
+        self._announce(conn, WORK_CHANNEL, "")
 
-        PostgreSQL: a NOTIFY delivered on commit to every listening process. Either
-        store: in-process listeners (a sweeper sharing the API's process) are woken
-        after commit. Other SQLite processes fall back to short polling.
-        """
+    def announce_cancel(self, conn: Connection, task_id: str) -> None:
+        """Tell the worker holding `task_id` that it is now `cancelling`, as part of the
+        transaction `conn`, so it stops at once rather than at its next write or
+        heartbeat (SQLite workers in other processes learn it there)."""
+        self._announce(conn, CANCEL_CHANNEL, task_id)
+
+    def _announce(self, conn: Connection, channel: str, payload: str) -> None:
+        """PostgreSQL: a NOTIFY, delivered on commit to every listening process. Either
+        store: this process's `listen`ers, called after commit."""
         if not self.is_sqlite:
-            conn.execute(text("SELECT pg_notify(:channel, '')"), {"channel": WORK_CHANNEL})
-        if self._work_listeners:
-            listeners = list(self._work_listeners)
-            event.listen(conn, "commit", lambda _conn: [wake() for wake in listeners], once=True)
+            conn.execute(_NOTIFY, {"channel": channel, "payload": payload})
+        listeners = list(self._listeners.get(channel, ()))
+        if listeners:
+            event.listen(conn, "commit", lambda _conn: [hear(payload) for hear in listeners],
+                         once=True)
 
-    def add_work_listener(self, wake: Callable[[], None]) -> None:
-        """Call `wake()` (it must be cheap and thread-safe) after work is announced."""
-        self._work_listeners.append(wake)
+    def listen(self, channel: str, hear: Callable[[str], None]) -> Callable[[], None]:
+        """Call `hear(payload)` (cheap, thread-safe) after each announcement on `channel`
+        made through this object commits; returns the function that stops it."""
+        self._listeners.setdefault(channel, []).append(hear)
+        return lambda: self._listeners[channel].remove(hear)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -1,0 +1,85 @@
+"""A cancel reaches the worker at once, even while its engine has nothing to write.
+
+Without a push the worker learns of a cancel at its next write (a flush) or its next
+heartbeat; an engine that is loading, or reading a long prompt, writes nothing for
+seconds. The engine here sleeps 3 s before its first word, and the heartbeat period is
+far longer than the time allowed, so only the announcement can be what stops it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from core.settings import Settings
+from core.states import Status
+from core.store.database import Database
+from core.store.tasks import cancel
+from infra.db import open_database
+from scheduler.loop import SweeperLoop
+from scheduler.workers import Workers
+from tests.scheduler.processes import wait_until
+from tests.store.helpers import assert_log_sound, event_types, new_task, task_row
+
+SILENT = "words=2 delay=3"  # 3 s before the first chunk: no flush to notice a cancel by
+
+
+@pytest.fixture
+def slow_heartbeat(fast: Settings) -> Settings:
+    return fast.model_copy(update={"heartbeat_seconds": 30, "lease_seconds": 60})
+
+
+@pytest.fixture
+def other_process_db(fast: Settings) -> Iterator[Database]:
+    """The store as another process sees it: no in-process listener is shared."""
+    other = open_database(fast)
+    yield other
+    other.dispose()
+
+
+def cancel_and_time(db: Database, task_id: str) -> float:
+    started = time.monotonic()
+    assert cancel(db, task_id, None).status_code == 202
+    wait_until(lambda: task_row(db, task_id).status == Status.CANCELLED, timeout=40,
+               what="cancelled")
+    return time.monotonic() - started
+
+
+def test_a_cancel_made_in_the_workers_process_stops_a_silent_engine_at_once(
+    db: Database, slow_heartbeat: Settings, model_id: str
+) -> None:
+    task_id = new_task(db, model_id, input=SILENT)
+    workers = Workers(db, slow_heartbeat)
+    workers.claim()
+    try:
+        wait_until(lambda: task_row(db, task_id).status == Status.RUNNING, timeout=5,
+                   what="running")
+        elapsed = cancel_and_time(db, task_id)
+    finally:
+        workers.stop(drain_seconds=0)
+    assert elapsed < 1.0  # the keeper's next tick and two transactions, not 30 s
+    assert event_types(db, task_id)[-2:] == ["response.cancelling", "response.cancelled"]
+    assert_log_sound(db, task_id)
+
+
+def test_a_cancel_from_another_process_arrives_by_notify_on_postgresql_else_by_heartbeat(
+    db: Database, fast: Settings, other_process_db: Database, model_id: str
+) -> None:
+    # PostgreSQL: LISTEN/NOTIFY, so a heartbeat period far beyond the bound. SQLite has
+    # no push between processes: the next heartbeat (1 s here) carries the cancel.
+    heartbeat = 1 if db.is_sqlite else 30
+    settings = fast.model_copy(update={"heartbeat_seconds": heartbeat, "lease_seconds": 60})
+    task_id = new_task(db, model_id, input=SILENT)
+    loop = SweeperLoop(db, settings, in_process_wakeups=False)
+    loop.start()
+    try:
+        wait_until(lambda: task_row(db, task_id).status == Status.RUNNING, timeout=5,
+                   what="running")
+        elapsed = cancel_and_time(other_process_db, task_id)
+    finally:
+        loop.stop()
+    assert elapsed < (heartbeat + 0.5 if db.is_sqlite else 1.0)
+    assert event_types(db, task_id)[-1] == "response.cancelled"
+    assert_log_sound(db, task_id)
