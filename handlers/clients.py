@@ -53,9 +53,11 @@ async def pair(data: PairBody, services: Services) -> dict[str, Any]:
 @post("/v1/pairing-codes", opt=requires("clients:admin"), status_code=201,
       tags=["clients"])
 async def new_pairing_code(
-    request: ClientRequest, data: PairingCodeBody, services: Services
+    request: ClientRequest, services: Services, data: PairingCodeBody | None = None
 ) -> dict[str, Any]:
-    """A one-time pairing code; a client can only hand out scopes it holds itself."""
+    """A one-time pairing code; a client can only hand out scopes it holds itself.
+    Without a body: the default scopes, no name (SPEC 3 names no body)."""
+    data = data or PairingCodeBody()
     scopes = parse_scopes(data.scopes)
     if not all(request.user.allows(scope) for scope in scopes):
         raise Forbidden("scope_not_held", "a client can only grant scopes it holds itself")

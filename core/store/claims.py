@@ -50,8 +50,11 @@ def claim(db: Database, *, limit: int, lease_ms: int, node_id: str) -> list[Clai
     with db.write() as conn:
         now = db.clock.now_ms()
         owner = new_owner_token()
+        # A new attempt starts without the previous one's error: a task that failed once
+        # and then completed must not report that failure.
         lease = {"owner_token": owner, "lease_expires_at": now + lease_ms, "node_id": node_id,
-                 "attempts": Add(1), "started_at": IfNull(now)}
+                 "attempts": Add(1), "started_at": IfNull(now), "error_code": None,
+                 "error_message": None}
         resumable = _candidates(conn, _RESUMABLE, now, limit)
         queued = _candidates(conn, _QUEUED, now, limit - len(resumable))
         taken = _take(conn, now, resumable, Status.RUNNING, "response.in_progress", lease)

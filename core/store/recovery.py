@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import and_, or_
 
+from core.clock import iso
 from core.states import OnRestart, Status
 from core.store.database import Database
 from core.store.transitions import Event, PerRow, move
@@ -77,7 +78,7 @@ def _apply(
     error = {"code": fail_code, "message": fail_message}
 
     requeued = PerRow(1, lambda row: [Event("response.queued", {
-        "reason": reason, "attempt": row.attempts, "run_at": now})])
+        "reason": reason, "attempt": row.attempts, "run_at": iso(now)})])
 
     plans: list[tuple[Status, Any, dict[str, Any]]] = [
         (Status.FAILED,

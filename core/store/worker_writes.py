@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, bindparam, select, update
 
+from core.clock import iso
 from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
 from core.states import OnRestart, Status
@@ -170,7 +171,7 @@ def requeue(
         run_at = now + delay_ms
 
         queued = PerRow(1, lambda row: [Event("response.queued", {
-            "reason": "retry", "attempt": row.attempts, "run_at": run_at,
+            "reason": "retry", "attempt": row.attempts, "run_at": iso(run_at),
             "error": {"code": code, "message": message[:500]}})])
 
         if move(conn, now=now, expected=active,
@@ -202,7 +203,7 @@ def release(db: Database, task_id: str, owner: str) -> None:
             return
 
         released = PerRow(1, lambda row: [Event("response.queued", {
-            "reason": "released", "attempt": row.attempts, "run_at": now})])
+            "reason": "released", "attempt": row.attempts, "run_at": iso(now)})])
 
         if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
                     where=Held.one(task_id, owner), to=Status.QUEUED, events=released,

@@ -48,19 +48,17 @@ def recover(all_nodes: bool, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Accepted for symmetry with other commands: the summary is always JSON.")
 def sweep(as_json: bool) -> None:
-    """Exactly one sweeper pass (for cron), then exit 0 with a summary."""
+    """Exactly one sweeper pass (for cron), then exit 0 with a one-line JSON summary."""
     from scheduler.sweep import sweep_once
 
     settings = _worker_settings()
     stop = threading.Event()
     with database(settings) as db, _stop_on_signals(stop.set):
         summary = sweep_once(db, settings, stop=stop)
-    if as_json:
-        emit(summary, as_json=True)
-    else:
-        click.echo(" ".join(f"{k}={v}" for k, v in summary.items()))
+    emit(summary, as_json=True)
 
 
 @click.command()

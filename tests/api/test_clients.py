@@ -9,6 +9,7 @@ from litestar.testing import TestClient
 from sqlalchemy import select
 
 from core.clients import (
+    DEFAULT_SCOPES,
     MAX_PAIRING_FAILURES,
     create_client,
     create_pairing_code,
@@ -81,6 +82,12 @@ def test_an_admin_mints_pairing_codes_over_http(admin: Caller, http: TestClient[
     assert answer.status_code == 201
     assert set(answer.json()) >= {"code", "expires_at"}
     assert pair(http, answer.json()["code"]).json()["scopes"] == ["tasks:read"]
+
+
+def test_a_pairing_code_needs_no_body(admin: Caller, http: TestClient[Any]) -> None:
+    answer = admin.post("/v1/pairing-codes")
+    assert answer.status_code == 201
+    assert set(pair(http, answer.json()["code"]).json()["scopes"]) == set(DEFAULT_SCOPES)
 
 
 def test_a_clients_admin_cannot_grant_scopes_it_lacks(db: Database, http: TestClient[Any]) -> None:

@@ -99,8 +99,9 @@ def test_a_refused_request_does_not_keep_its_key(alice: Caller, model_id: str) -
     assert create(alice, model_id, headers={"Idempotency-Key": "k"}).status_code == 202
 
 
-def test_an_invalid_key_is_refused(alice: Caller, model_id: str) -> None:
-    answer = create(alice, model_id, headers={"Idempotency-Key": "x" * 256})
+@pytest.mark.parametrize("key", ["x" * 256, "x" * 5000, "tab\there"])
+def test_an_invalid_key_is_refused_with_one_code(alice: Caller, model_id: str, key: str) -> None:
+    answer = create(alice, model_id, headers={"Idempotency-Key": key})
     assert (answer.status_code, answer.json()["code"]) == (422, "invalid_idempotency_key")
 
 

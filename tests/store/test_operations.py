@@ -11,6 +11,7 @@ from sqlalchemy import select
 from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict, ForbiddenTransition, InvalidInput, LeaseLost
 from core.idempotency import IdempotencyClaim
+from core.objects import task_object
 from core.states import OnRestart, Status
 from core.store import claims, completion, tasks, worker_writes
 from core.store.database import Database
@@ -248,6 +249,25 @@ def test_retryable_failure_requeues_with_the_given_delay(db: Database, model_id:
     assert (row.status, row.run_at, row.owner_token) == ("queued", due, None)
     data = json.loads(events_of(db, claimed.task_id)[-1].data)
     assert data["reason"] == "retry" and data["attempt"] == 1
+    assert data["run_at"] == "2026-01-01T00:00:05.000Z"  # RFC 3339, as a task's run_at
+    assert data["error"] == {"code": "engine_error", "message": "boom"}
+    assert row.error_code == "engine_error"  # why it waits, until the next attempt starts
+
+
+def test_an_attempt_that_completes_after_a_failure_reports_no_error(
+    db: Database, model_id: str
+) -> None:
+    claimed = run_to_running(db, model_id)
+    worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0,
+                          code="timeout", message="the attempt exceeded the execution timeout")
+    again = claim_one(db)
+    assert task_row(db, again.task_id).error_code is None
+    completion.complete(db, again.task_id, again.owner_token, [], usage=Usage(1, 1), start=True)
+    row = task_row(db, again.task_id)
+    assert (row.status, row.attempts, row.error_code, row.error_message) == (
+        "completed", 2, None, None)
+    with db.read() as conn:
+        assert task_object(tasks.get_task(conn, again.task_id, None))["error"] is None
 
 
 def test_a_requeued_task_starts_over_with_empty_output(db: Database, model_id: str) -> None:
