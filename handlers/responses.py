@@ -63,24 +63,26 @@ async def create_response(
         digest = request_digest("POST", RESPONSES_PATH, await request.json())
         claim = IdempotencyClaim(parse_key(idempotency_key), digest)
     outcome = await services.enqueuer.enqueue(new, claim)
-    if outcome.replayed:
-        return json_bytes(outcome.body, outcome.status_code,
-                          {**task_location(outcome.task_id), "Idempotent-Replayed": "true"})
     if outcome.dedupe_hit:
         return json_bytes(outcome.body, 200, {"Dedupe-Hit": "true"})
+    # A replay answers in the mode of the request it repeats (same body, so same mode):
+    # the stored body when that answer was immediate, else the same wait or stream over
+    # the same task, which gives the first answer again once the task has finished.
+    replayed = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
+    located = {**task_location(outcome.task_id), **replayed}
     if _respond_async(prefer):
-        return json_bytes(outcome.body, 202, {**task_location(outcome.task_id),
-                                              "Preference-Applied": "respond-async"})
+        return json_bytes(outcome.body, outcome.status_code,
+                          {**located, "Preference-Applied": "respond-async"})
     if data.stream:
         return await event_stream(db, services.tail, outcome.task_id, client.id, after=0)
     if data.background:
-        return json_bytes(outcome.body, 202, task_location(outcome.task_id))
+        return json_bytes(outcome.body, outcome.status_code, located)
     task = await settled(db, services.tail, outcome.task_id, client.id,
                          settings.sync_timeout_seconds)
     if Status(task.status) in TERMINAL:
-        return Response(response_object(task, task), status_code=200)
+        return Response(response_object(task, task), status_code=200, headers=replayed)
     return Response(response_object(task, task), status_code=202,
-                    headers=task_location(task.id))
+                    headers={**task_location(task.id), **replayed})
 
 
 @get(ONE_RESPONSE, opt=requires("tasks:read"), tags=["responses"])

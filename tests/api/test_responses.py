@@ -129,6 +129,29 @@ def test_background_false_waits_for_the_finished_object(
     assert body["output"][0]["content"][0]["text"] == "w0 w1 w2 "
 
 
+def test_a_replayed_background_false_request_answers_with_the_finished_object_again(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    worker = complete_soon(db)
+    first = create(alice, model_id, background=False, headers={"Idempotency-Key": "sync-1"})
+    worker.join()
+    again = create(alice, model_id, background=False, headers={"Idempotency-Key": "sync-1"})
+    assert (first.status_code, again.status_code) == (200, 200)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json() == first.json() and again.json()["status"] == "completed"
+
+
+def test_a_replayed_stream_request_streams_the_same_events_again(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    worker = complete_soon(db)
+    first = create(alice, model_id, stream=True, headers={"Idempotency-Key": "stream-1"})
+    worker.join()
+    again = create(alice, model_id, stream=True, headers={"Idempotency-Key": "stream-1"})
+    assert again.headers["content-type"].startswith("text/event-stream")
+    assert again.text == first.text
+
+
 def test_background_false_answers_202_when_the_sync_timeout_passes(
     settings: Settings, db: Database, model_id: str
 ) -> None:
