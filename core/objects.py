@@ -95,11 +95,14 @@ def response_object(
 
     Output is shown once a task is terminal (or for the current state when the text so
     far is wanted): non-terminal lifecycle events carry an empty output, as OpenAI's do.
+    A completed task always shows its message, empty text included: its log opened and
+    closed that item, and clients match the final object against the items they saw.
     """
     current = Status(task.status) if status is None else status
     request = json.loads(task.request_json)
     text = response.output_text if response is not None else ""
-    show_output = bool(text) and (status is None or current in TERMINAL)
+    show_output = (bool(text) or current is Status.COMPLETED) and (
+        status is None or current in TERMINAL)
     in_tokens = response.input_tokens if response is not None else 0
     out_tokens = response.output_tokens if response is not None else 0
     return {

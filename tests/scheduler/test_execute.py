@@ -18,7 +18,7 @@ from core.settings import Settings
 from core.states import OnRestart, Status
 from core.store import claims, completion
 from core.store.database import Database
-from core.store.tasks import cancel
+from core.store.tasks import cancel, current_response
 from scheduler import leases
 from scheduler.attempt import Attempt, Outcome
 from scheduler.execute import execute
@@ -278,3 +278,19 @@ def test_a_task_is_running_within_one_flush_interval_of_loading_even_before_outp
     assert task_row(db, task_id).status == Status.COMPLETED
     assert event_types(db, task_id)[:3] == [
         "response.created", "response.loading", "response.in_progress"]
+
+
+def test_a_generation_without_text_completes_with_one_empty_message(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    task_id = new_task(db, model_id, input="words=0")
+    workers = Workers(db, fast)
+    workers.claim()
+    assert workers.wait_idle(5)
+    workers.stop(drain_seconds=0)
+    with db.read() as conn:
+        response = current_response(conn, task_id)
+    assert response["status"] == "completed"
+    # The log opened and closed one message item; the final object must show it.
+    assert [part["text"] for item in response["output"] for part in item["content"]] == [""]
+    assert event_types(db, task_id).count("response.output_item.done") == 1
