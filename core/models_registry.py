@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Row, delete, select
 from core.engines.base import EngineError, ModelFile
 from core.errors import Conflict, InvalidInput, NotFound
 from core.model_files import resolve_inside, sha256_of
+from core.store.bulk import insert_rows
 from core.store.database import Database
 from core.tables import models
 
@@ -41,14 +42,13 @@ def register(
     digest = sha256_of(real)
     stored_path = str(real.relative_to(models_dir.resolve()))
     with db.write() as conn:
-        inserted = conn.execute(
-            db.insert_ignoring_conflicts(models, models.c.id),
+        inserted = insert_rows(conn, models, [
             {"id": model_id, "engine": engine, "path": stored_path,
              "size_bytes": real.stat().st_size, "sha256": digest,
              "created_at": db.clock.now_ms(),
              "metadata_json": json.dumps(metadata or {}, separators=(",", ":"))},
-        ).first()
-        if inserted is None:
+        ], skip_conflicts=True, returning=[models.c.id])
+        if not inserted:
             raise Conflict("model_exists", f"a model with id {model_id!r} is already registered")
         return get_model(conn, model_id)
 

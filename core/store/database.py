@@ -3,7 +3,7 @@
 A write transaction on SQLite starts with `BEGIN IMMEDIATE`, so the write lock is
 taken up front and two writers never deadlock on a lock upgrade; on PostgreSQL a plain
 `BEGIN` plus `FOR UPDATE SKIP LOCKED` in the claim does the same job. Callers never
-branch on the dialect: they ask this module.
+branch on the dialect: they ask this module, or `core.store.bulk` for many-row writes.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Column, Connection, Engine, Table, event, text
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, Engine, event, text
 
 from core.clock import Clock
 
@@ -34,7 +33,6 @@ class Database:
         self.clock = clock or Clock()
         self.is_sqlite = engine.dialect.name == "sqlite"
         self._listeners: dict[str, list[Callable[[str], None]]] = {}
-        self._conflict_inserts: dict[tuple[str, str], Any] = {}
         self._writers = _WriterQueue(engine.url.database if self.is_sqlite else None)
         if self.is_sqlite:
             _take_over_sqlite_transactions(engine)
@@ -53,22 +51,6 @@ class Database:
         with self.engine.connect() as conn:
             with conn.begin():
                 yield conn
-
-    def insert_ignoring_conflicts(self, table: Table, key: Column[Any] | None = None) -> Any:
-        """`INSERT … ON CONFLICT DO NOTHING RETURNING key`: a unique index decides, never
-        a prior read. Execute it with the row's values; `.first()` is None on a conflict
-        (an INSERT's rowcount is not reliable across drivers, RETURNING is).
-        Built once per (table, key): statement construction is a hot-path cost.
-        """
-        cache_key = (table.name, key.key if key is not None else "")
-        statement = self._conflict_inserts.get(cache_key)
-        if statement is None:
-            dialect = sqlite if self.is_sqlite else postgresql
-            statement = dialect.insert(table).on_conflict_do_nothing()
-            if key is not None:
-                statement = statement.returning(key)
-            self._conflict_inserts[cache_key] = statement
-        return statement
 
     def announce_work(self, conn: Connection) -> None:
         """Tell sweepers that new work is due, as part of the transaction `conn`.

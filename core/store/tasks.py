@@ -84,9 +84,8 @@ def enqueue(
             if created is None:
                 raise _DedupeHit
             body = _json_bytes(response_object(created, None))
-            if idempotency is not None and not _record_key(
-                db, conn, new.client_id, idempotency, created.id, body, now, idempotency_ttl_ms
-            ):
+            if idempotency is not None and not _record_keys(conn, [_key_record(
+                    new, idempotency, created.id, body, now, idempotency_ttl_ms)]):
                 raise _KeyTaken
             db.announce_work(conn)
             return Enqueued(created.id, 202, body)
@@ -144,18 +143,12 @@ def _insert_batch(
     created = insert_tasks(db, conn, [new for new, _ in batch], now)
     bodies = [_json_bytes(response_object(row, None)) if row else b"" for row in created]
     records = sorted(  # one lock order for every batch: no deadlock between two of them
-        ({"client_id": new.client_id, "key": claim.key, "request_digest": claim.digest,
-          "status_code": 202, "body": body.decode(), "task_id": row.id, "created_at": now,
-          "expires_at": now + ttl_ms}
+        (_key_record(new, claim, row.id, body, now, ttl_ms)
          for (new, claim), row, body in zip(batch, created, bodies)
          if row is not None and claim is not None),
         key=lambda record: (record["client_id"], record["key"]),
     )
-    recorded: set[str] = set()
-    if records:
-        recorded = {row.task_id for row in insert_rows(
-            conn, idempotency_keys, records, skip_conflicts=True,
-            returning=[idempotency_keys.c.task_id])}
+    recorded = _record_keys(conn, records)
     unrecorded = {record["task_id"] for record in records} - recorded
     if unrecorded:  # their key was taken: the task must not exist either
         for table, column in ((task_events, task_events.c.task_id),
@@ -243,28 +236,23 @@ def _task_values(new: NewTask, now: int) -> dict[str, Any]:
     }
 
 
-def _record_key(
-    db: Database,
-    conn: Connection,
-    client_id: str,
-    claim: IdempotencyClaim,
-    task_id: str,
-    body: bytes,
-    now: int,
-    ttl_ms: int,
-) -> bool:
-    """Store the answer under the key; False when the key is already recorded.
+def _key_record(
+    new: NewTask, claim: IdempotencyClaim, task_id: str, body: bytes, now: int, ttl_ms: int
+) -> dict[str, Any]:
+    return {"client_id": new.client_id, "key": claim.key, "request_digest": claim.digest,
+            "status_code": 202, "body": body.decode(), "task_id": task_id, "created_at": now,
+            "expires_at": now + ttl_ms}
+
+
+def _record_keys(conn: Connection, records: Sequence[dict[str, Any]]) -> set[str]:
+    """Store answers under their keys; the task ids whose key was not recorded before.
 
     On PostgreSQL a concurrent holder of the same key makes this wait for its commit,
     so exactly one of two racing requests creates a task.
     """
-    recorded = conn.execute(
-        db.insert_ignoring_conflicts(idempotency_keys, idempotency_keys.c.key),
-        {"client_id": client_id, "key": claim.key, "request_digest": claim.digest,
-         "status_code": 202, "body": body.decode(), "task_id": task_id,
-         "created_at": now, "expires_at": now + ttl_ms},
-    ).first()
-    return recorded is not None
+    return {row.task_id for row in insert_rows(conn, idempotency_keys, records,
+                                               skip_conflicts=True,
+                                               returning=[idempotency_keys.c.task_id])}
 
 
 def _stored_answer(db: Database, client_id: str, claim: IdempotencyClaim) -> Enqueued | None:
