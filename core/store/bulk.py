@@ -19,8 +19,8 @@ from sqlalchemy import (
     JSON,
     Column,
     Connection,
+    FromClause,
     Row,
-    Subquery,
     Table,
     bindparam,
     cast,
@@ -34,7 +34,7 @@ from sqlalchemy.types import TypeEngine
 
 def json_rows(
     dialect_name: str, name: str, columns: Sequence[tuple[str, TypeEngine[Any]]]
-) -> Subquery:
+) -> FromClause:
     """A table named `name` with `columns`, whose rows are the bound parameter `name`:
     pass `rows_param(rows)` for it. Build statements with it once per dialect."""
     if dialect_name == "postgresql":
