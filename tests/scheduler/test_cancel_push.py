@@ -59,7 +59,7 @@ def test_a_cancel_made_in_the_workers_process_stops_a_silent_engine_at_once(
         elapsed = cancel_and_time(db, task_id)
     finally:
         workers.stop(drain_seconds=0)
-    assert elapsed < 1.0  # the keeper's next tick and two transactions, not 30 s
+    assert elapsed < 2.0  # the keeper's next tick and two transactions (~0.2 s), not 30 s
     assert event_types(db, task_id)[-2:] == ["response.cancelling", "response.cancelled"]
     assert_log_sound(db, task_id)
 
@@ -80,6 +80,6 @@ def test_a_cancel_from_another_process_arrives_by_notify_on_postgresql_else_by_h
         elapsed = cancel_and_time(other_process_db, task_id)
     finally:
         loop.stop()
-    assert elapsed < (heartbeat + 0.5 if db.is_sqlite else 1.0)
+    assert elapsed < (heartbeat + 1.5 if db.is_sqlite else 2.0)
     assert event_types(db, task_id)[-1] == "response.cancelled"
     assert_log_sound(db, task_id)

@@ -48,8 +48,9 @@ def full_scans(db: Database, statement: Statement) -> list[str]:
         if db.is_sqlite:
             plan = [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)]
             return [line for line in plan if line == "SCAN tasks"]
-        # A tiny table is cheapest to scan: forbid that, so only an unusable index shows.
-        conn.exec_driver_sql("SET enable_seqscan = off")
+        # A tiny table is cheapest to scan: forbid that (for this transaction only), so
+        # only an unusable index shows.
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
         plan = [row[0] for row in conn.exec_driver_sql(f"EXPLAIN {sql}", params)]
         conn.rollback()
         return [line for line in plan if "Seq Scan on tasks" in line]
