@@ -97,8 +97,9 @@ class SweeperLoop:
         announced = {WORK_CHANNEL: lambda _payload: self._wake.set(),
                      CANCEL_CHANNEL: self._cancel_requested}
         self._listener = None if db.is_sqlite else PgListener(settings.database_url, announced)
-        if in_process_wakeups:  # cancels: `Workers` listens in-process itself
-            db.listen(WORK_CHANNEL, announced[WORK_CHANNEL])
+        self._unlisten = (db.listen(WORK_CHANNEL, announced[WORK_CHANNEL])
+                          if in_process_wakeups  # cancels: `Workers` listens itself
+                          else lambda: None)
         pushed = in_process_wakeups or self._listener is not None
         poll = settings.poll_interval_ms / 1000
         self._idle_wait = max(poll, _PUSHED_POLL_SECONDS) if pushed else poll
@@ -116,6 +117,7 @@ class SweeperLoop:
     def stop(self) -> None:
         """Graceful stop; returns once every thread of the loop has ended."""
         self._stopping.set()
+        self._unlisten()
         self._wake.set()
         self._claimer.join()
         if self._listener is not None:
