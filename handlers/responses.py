@@ -81,8 +81,7 @@ async def create_response(
                          settings.sync_timeout_seconds)
     if Status(task.status) in TERMINAL:
         return Response(response_object(task, task), status_code=200, headers=replayed)
-    return Response(response_object(task, task), status_code=202,
-                    headers={**task_location(task.id), **replayed})
+    return Response(response_object(task, task), status_code=202, headers=located)
 
 
 @get(ONE_RESPONSE, opt=requires("tasks:read"), tags=["responses"])

@@ -70,34 +70,35 @@ def insert_rows(
     if not rows:
         return []
     keys = tuple(rows[0])
-    shape = (table, keys, skip_conflicts, tuple(column.key for column in returning))
+    finish = (table, skip_conflicts, tuple(column.key for column in returning))
     if conn.dialect.name == "postgresql" and len(rows) > 1:
-        result = conn.execute(_recordset_insert(*shape), {"rows": rows_param(rows)})
+        result = conn.execute(_recordset_insert(keys, *finish), {"rows": rows_param(rows)})
     else:
-        result = conn.execute(_values_insert(conn.dialect.name, *shape), list(rows))
+        result = conn.execute(_values_insert(conn.dialect.name, *finish), list(rows))
     return list(result) if returning else []
 
 
 @cache
 def _values_insert(
-    dialect_name: str, table: Table, _keys: tuple[str, ...], skip_conflicts: bool,
-    returning: tuple[str, ...],
+    dialect_name: str, table: Table, skip_conflicts: bool, returning: tuple[str, ...]
 ) -> Any:
-    statement = (postgresql if dialect_name == "postgresql" else sqlite).insert(table)
-    if skip_conflicts:
-        statement = statement.on_conflict_do_nothing()
-    if returning:
-        statement = statement.returning(*(table.c[key] for key in returning))
-    return statement
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
+    return _finished(dialect.insert(table), table, skip_conflicts, returning)
 
 
 @cache
 def _recordset_insert(
-    table: Table, keys: tuple[str, ...], skip_conflicts: bool, returning: tuple[str, ...]
+    keys: tuple[str, ...], table: Table, skip_conflicts: bool, returning: tuple[str, ...]
 ) -> Any:
     given = json_rows("postgresql", "rows", [(key, table.c[key].type) for key in keys])
     statement = postgresql.insert(table).from_select([table.c[key] for key in keys],
                                                      select(*given.c))
+    return _finished(statement, table, skip_conflicts, returning)
+
+
+def _finished(statement: Any, table: Table, skip_conflicts: bool,
+              returning: tuple[str, ...]) -> Any:
+    """The ON CONFLICT and RETURNING clauses both insert statements share."""
     if skip_conflicts:
         statement = statement.on_conflict_do_nothing()
     if returning:
