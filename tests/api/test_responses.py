@@ -129,13 +129,19 @@ def test_background_false_waits_for_the_finished_object(
     assert body["output"][0]["content"][0]["text"] == "w0 w1 w2 "
 
 
+def sent_twice(alice: Caller, model_id: str, db: Database, **fields: Any) -> tuple[Any, Any]:
+    """The answers to a request and to its replay (same Idempotency-Key), the first one
+    finished by a worker meanwhile."""
+    worker = complete_soon(db)
+    first = create(alice, model_id, headers={"Idempotency-Key": "replayed"}, **fields)
+    worker.join()
+    return first, create(alice, model_id, headers={"Idempotency-Key": "replayed"}, **fields)
+
+
 def test_a_replayed_background_false_request_answers_with_the_finished_object_again(
     alice: Caller, model_id: str, db: Database
 ) -> None:
-    worker = complete_soon(db)
-    first = create(alice, model_id, background=False, headers={"Idempotency-Key": "sync-1"})
-    worker.join()
-    again = create(alice, model_id, background=False, headers={"Idempotency-Key": "sync-1"})
+    first, again = sent_twice(alice, model_id, db, background=False)
     assert (first.status_code, again.status_code) == (200, 200)
     assert again.headers["idempotent-replayed"] == "true"
     assert again.json() == first.json() and again.json()["status"] == "completed"
@@ -144,10 +150,7 @@ def test_a_replayed_background_false_request_answers_with_the_finished_object_ag
 def test_a_replayed_stream_request_streams_the_same_events_again(
     alice: Caller, model_id: str, db: Database
 ) -> None:
-    worker = complete_soon(db)
-    first = create(alice, model_id, stream=True, headers={"Idempotency-Key": "stream-1"})
-    worker.join()
-    again = create(alice, model_id, stream=True, headers={"Idempotency-Key": "stream-1"})
+    first, again = sent_twice(alice, model_id, db, stream=True)
     assert again.headers["content-type"].startswith("text/event-stream")
     assert again.text == first.text
 

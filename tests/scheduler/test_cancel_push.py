@@ -39,7 +39,10 @@ def other_process_db(fast: Settings) -> Iterator[Database]:
     other.dispose()
 
 
-def cancel_and_time(db: Database, task_id: str) -> float:
+def cancel_once_running(db: Database, task_id: str) -> float:
+    """Seconds from the cancel of a running task (through `db`) to `cancelled`."""
+    wait_until(lambda: task_row(db, task_id).status == Status.RUNNING, timeout=5,
+               what="running")
     started = time.monotonic()
     assert cancel(db, task_id, None).status_code == 202
     wait_until(lambda: task_row(db, task_id).status == Status.CANCELLED, timeout=40,
@@ -54,9 +57,7 @@ def test_a_cancel_made_in_the_workers_process_stops_a_silent_engine_at_once(
     workers = Workers(db, slow_heartbeat)
     workers.claim()
     try:
-        wait_until(lambda: task_row(db, task_id).status == Status.RUNNING, timeout=5,
-                   what="running")
-        elapsed = cancel_and_time(db, task_id)
+        elapsed = cancel_once_running(db, task_id)
     finally:
         workers.stop(drain_seconds=0)
     assert elapsed < 2.0  # the keeper's next tick and two transactions (~0.2 s), not 30 s
@@ -75,9 +76,7 @@ def test_a_cancel_from_another_process_arrives_by_notify_on_postgresql_else_by_h
     loop = SweeperLoop(db, settings, in_process_wakeups=False)
     loop.start()
     try:
-        wait_until(lambda: task_row(db, task_id).status == Status.RUNNING, timeout=5,
-                   what="running")
-        elapsed = cancel_and_time(other_process_db, task_id)
+        elapsed = cancel_once_running(other_process_db, task_id)
     finally:
         loop.stop()
     assert elapsed < (heartbeat + 1.5 if db.is_sqlite else 2.0)

@@ -8,6 +8,7 @@ EXPLAIN: a plan that reads all of `tasks` fails the test.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,10 +16,12 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
+from core.states import ACTIVE, LEASED, TERMINAL, Status
 from core.store import claims
 from core.store.database import Database
 from core.store.recovery import expire_leases, finalise_orphaned_cancels
 from core.store.retention import remove_expired
+from core.tables import IS_ACTIVE, IS_LEASED, IS_QUEUED, IS_TERMINAL
 from tests.store.helpers import new_task
 
 Statement = tuple[str, Any]
@@ -74,3 +77,15 @@ def test_a_sweeper_step_never_scans_the_tasks_table(db: Database, model_id: str,
     assert statements, "the step ran no statement on tasks"
     for statement in statements:
         assert full_scans(db, statement) == [], statement[0]
+
+
+def test_the_index_predicates_name_exactly_the_state_sets_of_the_state_machine() -> None:
+    # The predicates are literal SQL (they must match the migrated indexes term for
+    # term); this keeps them from drifting away from `core.states`.
+    def named(clause: Any) -> set[str]:
+        return set(re.findall(r"'([a-z_]+)'", clause.text))
+
+    assert named(IS_QUEUED) == {Status.QUEUED.value}
+    assert named(IS_ACTIVE) == {s.value for s in ACTIVE}
+    assert named(IS_LEASED) == {s.value for s in LEASED}
+    assert named(IS_TERMINAL) == {s.value for s in TERMINAL}
