@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import freezegun
 import pytest
 
 from core.clock import Clock
@@ -13,6 +14,11 @@ from core.store.database import Database
 from infra.db import create_db_engine
 from infra.migrate import upgrade
 from tests.databases import copy_sqlite, private_pg_database, truncate_all
+
+# psycopg times its connection attempts with time.monotonic (130 s by default); a frozen
+# clock ticked past that while a worker thread is connecting would time the connect out.
+# The driver's timing is not the service's clock, so freezegun leaves it real.
+freezegun.configure(extend_ignore_list=["psycopg"])
 
 
 @pytest.fixture(scope="session")
