@@ -59,6 +59,11 @@ class LeaseKeeper:
             if task_id in self._held:
                 self._soon.add(task_id)
 
+    def renew_all_soon(self) -> None:
+        """Renew every held task at the next tick (thread-safe)."""
+        with self._lock:
+            self._soon.update(self._held)
+
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
             with self._lock:

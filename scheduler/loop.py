@@ -142,8 +142,13 @@ class SweeperLoop:
             self._wake.wait(self._idle_wait)
 
     def _cancel_requested(self, task_id: str) -> None:
-        if task_id and self._workers is not None:
+        """A cancel announced, or (empty `task_id`) the listener (re)connected."""
+        if self._workers is None:
+            return
+        if task_id:
             self._workers.cancel_requested(task_id)
+        else:
+            self._workers.recheck_all()
 
     @staticmethod
     def _log_pass(summary: dict[str, object]) -> None:

@@ -155,6 +155,11 @@ class Workers:
         renewal then sees `cancelling`, verified by the store, and stops the attempt)."""
         self._keeper.renew_soon(task_id)
 
+    def recheck_all(self) -> None:
+        """Cancels may have been announced while nobody listened (the LISTEN connection
+        was down): look at every attempt running here now, not at its next heartbeat."""
+        self._keeper.renew_all_soon()
+
     def stop(self, *, drain_seconds: float) -> None:
         """Graceful stop (the caller has stopped claiming): let running attempts finish
         for `drain_seconds`, then hand the rest back (attempt refunded, snapshot kept)."""

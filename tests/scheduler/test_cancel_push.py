@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import text
 
 from core.settings import Settings
 from core.states import Status
@@ -81,4 +82,32 @@ def test_a_cancel_from_another_process_arrives_by_notify_on_postgresql_else_by_h
         loop.stop()
     assert elapsed < (heartbeat + 1.5 if db.is_sqlite else 2.0)
     assert event_types(db, task_id)[-1] == "response.cancelled"
+    assert_log_sound(db, task_id)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)  # SQLite: no LISTEN
+def test_a_cancel_announced_while_the_listener_was_down_is_seen_when_it_reconnects(
+    db: Database, slow_heartbeat: Settings, other_process_db: Database, model_id: str
+) -> None:
+    # 20 s before the first word and a 30 s heartbeat: neither a flush nor a renewal
+    # comes before the bound, so only the re-check on reconnection can stop it.
+    task_id = new_task(db, model_id, input="words=1 delay=20")
+    loop = SweeperLoop(db, slow_heartbeat, in_process_wakeups=False)
+    loop.start()
+    try:
+        wait_until(lambda: task_row(db, task_id).status == Status.RUNNING, timeout=5,
+                   what="running")
+        with other_process_db.write() as conn:  # the listener's backend goes away
+            dropped = conn.execute(text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND query LIKE 'LISTEN%'")).scalar()
+        assert dropped == 1
+        started = time.monotonic()
+        assert cancel(other_process_db, task_id, None).status_code == 202  # heard by nobody
+        wait_until(lambda: task_row(db, task_id).status == Status.CANCELLED, timeout=40,
+                   what="cancelled")
+        elapsed = time.monotonic() - started
+    finally:
+        loop.stop()
+    assert elapsed < 5.0  # reconnection (~1 s) and one renewal, not the 20 s or 30 s
     assert_log_sound(db, task_id)
