@@ -58,7 +58,7 @@ def remove_expired(
         began = time.perf_counter()
         more = _task_batch(db, cutoff, size, removed)
         held = time.perf_counter() - began
-        removed.longest_batch_ms = max(removed.longest_batch_ms, held * 1000)
+        removed.longest_batch_ms = max(removed.longest_batch_ms, round(held * 1000, 1))
         if held > TARGET_HOLD_S:
             size = max(MIN_BATCH, size // 2)
         elif held < TARGET_HOLD_S / 4:
