@@ -36,7 +36,7 @@ from core.clients import ADMIN, create_client
 from core.idempotency import IdempotencyClaim
 from core.models_registry import register
 from core.settings import Settings
-from core.store import tasks
+from core.store import new_tasks
 from infra.db import open_database
 from infra.migrate import upgrade
 
@@ -153,8 +153,9 @@ def main() -> None:
         register(db, models_dir, "bench.bin", engine="test.words")
         token = create_client(db, name="bench", scopes=frozenset({ADMIN})).token
         request_json = json.dumps({"model": "bench", "input": "words=3"})
-        store_rate = rate(args.store_count, lambda i: tasks.enqueue(
-            db, tasks.NewTask(client_id="store-bench", model="bench", request_json=request_json),
+        store_rate = rate(args.store_count, lambda i: new_tasks.enqueue(
+            db, new_tasks.NewTask(client_id="store-bench", model="bench",
+                                  request_json=request_json),
             idempotency=IdempotencyClaim(f"store-{i}", "digest")))
         db.dispose()
 

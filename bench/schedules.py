@@ -31,7 +31,7 @@ from core.ids import sortable_id
 from core.schedules import create_schedule
 from core.settings import Settings
 from core.store.database import Database
-from core.store.tasks import NewTask, insert_task, insert_tasks
+from core.store.new_tasks import NewTask, insert_task, insert_tasks
 from core.tables import models, schedules
 from infra.db import create_db_engine
 from infra.migrate import upgrade

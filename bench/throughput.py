@@ -37,7 +37,7 @@ from core.models_registry import register
 from core.settings import Settings
 from core.states import Status
 from core.store.database import Database
-from core.store.tasks import NewTask, insert_task
+from core.store.new_tasks import NewTask, insert_task
 from core.tables import task_events, tasks
 from infra.db import create_db_engine
 from infra.migrate import upgrade

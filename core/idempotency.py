@@ -1,6 +1,6 @@
 """Idempotency keys (SPEC 3.4): key syntax and the request digest.
 
-The record itself is written by `core.store.tasks.enqueue`, in the transaction that
+The record itself is written by `core.store.new_tasks.enqueue`, in the transaction that
 creates the task, so a crash can never leave one without the other.
 """
 

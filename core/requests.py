@@ -18,7 +18,7 @@ from core.engines.base import GenerationRequest
 from core.errors import InvalidInput
 from core.settings import Settings
 from core.states import OnRestart
-from core.store.tasks import NewTask
+from core.store.new_tasks import NewTask
 
 PrintableAscii = Annotated[
     str, StringConstraints(min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$")

@@ -55,7 +55,7 @@ from core.requests import ResponseRequest, new_task
 from core.settings import Settings
 from core.store.bulk import insert_rows, json_rows, rows_param
 from core.store.database import Database
-from core.store.tasks import NewTask, insert_tasks
+from core.store.new_tasks import NewTask, insert_tasks
 from core.tables import clients, models, schedule_slots, schedules
 
 log = logging.getLogger(__name__)

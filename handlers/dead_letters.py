@@ -7,7 +7,7 @@ from typing import Any
 from litestar import Response, get, post
 
 from core.objects import task_object
-from core.store.tasks import retry_failed
+from core.store.new_tasks import retry_failed
 from handlers.answers import page, task_location
 from handlers.auth import requires
 from handlers.params import Cursor, PageLimit, TaskId

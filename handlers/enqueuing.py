@@ -2,7 +2,7 @@
 
 Each request is answered only after the transaction holding its task has committed,
 exactly as with a plain `enqueue`; what changes is that the requests that arrived while
-the previous commit was in flight share the next one (`core.store.tasks.enqueue_many`).
+the previous commit was in flight share the next one (`core.store.new_tasks.enqueue_many`).
 Under load a commit then carries tens of tasks for the price of one fsync; alone, a
 request commits by itself at once (there is no waiting for company). One drain loop
 per process keeps at most one batch in flight, so batches grow with the load.
@@ -14,7 +14,7 @@ import asyncio
 
 from core.idempotency import IdempotencyClaim
 from core.store.database import Database
-from core.store.tasks import Enqueued, NewTask, enqueue, enqueue_many
+from core.store.new_tasks import Enqueued, NewTask, enqueue, enqueue_many
 from handlers.threads import writing
 
 MAX_BATCH = 128
@@ -30,7 +30,7 @@ class Enqueuer:
         self._drainer: asyncio.Task[None] | None = None  # held: the loop keeps tasks weakly
 
     async def enqueue(self, new: NewTask, claim: IdempotencyClaim | None) -> Enqueued:
-        """What `core.store.tasks.enqueue` answers, once the task is committed."""
+        """What `core.store.new_tasks.enqueue` answers, once the task is committed."""
         answer: asyncio.Future[Enqueued] = asyncio.get_running_loop().create_future()
         self._pending.append((new, claim, answer))
         if self._drainer is None or self._drainer.done():

@@ -26,7 +26,8 @@ from core.model_files import DEFAULT_ENGINE
 from core.models_registry import list_models, register, remove
 from core.objects import model_object, task_object
 from core.states import Status
-from core.store.tasks import cancel, get_task, list_tasks, retry_failed
+from core.store.new_tasks import retry_failed
+from core.store.tasks import cancel, get_task, list_tasks
 from infra.cli.context import emit, store
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from core.errors import InvalidInput
 from core.idempotency import IdempotencyClaim
 from core.store.database import Database
-from core.store.tasks import Enqueued, NewTask
+from core.store.new_tasks import Enqueued, NewTask
 from core.tables import task_events, tasks
 from handlers.enqueuing import Enqueuer
 

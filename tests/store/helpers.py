@@ -10,7 +10,7 @@ from sqlalchemy import select, update
 from core.objects import TERMINAL_EVENTS
 from core.states import OnRestart
 from core.store.database import Database
-from core.store.tasks import NewTask, enqueue
+from core.store.new_tasks import NewTask, enqueue
 from core.tables import task_events, tasks
 
 

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from core.errors import InvalidInput
 from core.store.database import Database
-from core.store.tasks import NewTask, insert_task, insert_tasks
+from core.store.new_tasks import NewTask, insert_task, insert_tasks
 from core.tables import responses, task_events, tasks
 from tests.store.helpers import event_types, new_task, task_row
 

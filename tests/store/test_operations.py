@@ -13,7 +13,7 @@ from core.errors import CancelRequested, Conflict, ForbiddenTransition, InvalidI
 from core.idempotency import IdempotencyClaim
 from core.objects import task_object
 from core.states import OnRestart, Status
-from core.store import claims, completion, tasks, worker_writes
+from core.store import claims, completion, new_tasks, tasks, worker_writes
 from core.store.database import Database
 from core.store.transitions import Event, move
 from core.tables import idempotency_keys
@@ -43,8 +43,8 @@ def delta(text: str) -> Event:
 # --- enqueue ---------------------------------------------------------------------------
 
 def test_enqueue_persists_task_response_and_first_event(db: Database, model_id: str) -> None:
-    result = tasks.enqueue(db, tasks.NewTask(client_id="c", model=model_id,
-                                             request_json='{"model":"words","input":"x"}'))
+    result = new_tasks.enqueue(db, new_tasks.NewTask(client_id="c", model=model_id,
+                                                     request_json='{"model":"words","input":"x"}'))
     assert result.status_code == 202
     body = json.loads(result.body)
     assert body["id"] == result.task_id and body["status"] == "queued"
@@ -64,61 +64,61 @@ def test_enqueue_refuses_unknown_model_and_stores_nothing(db: Database, model_id
 def test_same_idempotency_key_and_request_replays_byte_identical(
     db: Database, model_id: str
 ) -> None:
-    new = tasks.NewTask(client_id="c", model=model_id, request_json="{}")
-    first = tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d1"))
-    again = tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d1"))
+    new = new_tasks.NewTask(client_id="c", model=model_id, request_json="{}")
+    first = new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d1"))
+    again = new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d1"))
     assert again.replayed and again.body == first.body and again.task_id == first.task_id
     with db.read() as conn:
         assert len(list(conn.execute(select(tasks_table)))) == 1
 
 
 def test_same_idempotency_key_with_other_request_is_refused(db: Database, model_id: str) -> None:
-    new = tasks.NewTask(client_id="c", model=model_id, request_json="{}")
-    tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d1"))
+    new = new_tasks.NewTask(client_id="c", model=model_id, request_json="{}")
+    new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d1"))
     with pytest.raises(InvalidInput) as error:
-        tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d2"))
+        new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d2"))
     assert error.value.code == "idempotency_key_reused"
 
 
 def test_idempotency_keys_are_scoped_per_client(db: Database, model_id: str) -> None:
-    a = tasks.enqueue(db, tasks.NewTask(client_id="a", model=model_id, request_json="{}"),
-                      idempotency=IdempotencyClaim("k", "d"))
-    b = tasks.enqueue(db, tasks.NewTask(client_id="b", model=model_id, request_json="{}"),
-                      idempotency=IdempotencyClaim("k", "d"))
+    a = new_tasks.enqueue(db, new_tasks.NewTask(client_id="a", model=model_id, request_json="{}"),
+                          idempotency=IdempotencyClaim("k", "d"))
+    b = new_tasks.enqueue(db, new_tasks.NewTask(client_id="b", model=model_id, request_json="{}"),
+                          idempotency=IdempotencyClaim("k", "d"))
     assert a.task_id != b.task_id and not b.replayed
 
 
 def test_expired_idempotency_key_creates_a_new_task(db: Database, model_id: str) -> None:
-    new = tasks.NewTask(client_id="c", model=model_id, request_json="{}")
+    new = new_tasks.NewTask(client_id="c", model=model_id, request_json="{}")
     with freeze_time("2026-01-01 00:00:00"):
-        first = tasks.enqueue(db, new, idempotency=IdempotencyClaim("k", "d"),
-                              idempotency_ttl_ms=1000)
+        first = new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k", "d"),
+                                  idempotency_ttl_ms=1000)
     with freeze_time("2026-01-01 00:00:02"):
-        second = tasks.enqueue(db, new, idempotency=IdempotencyClaim("k", "d"),
-                               idempotency_ttl_ms=1000)
+        second = new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k", "d"),
+                                   idempotency_ttl_ms=1000)
     assert second.task_id != first.task_id and not second.replayed
 
 
 def test_failed_creation_stores_no_idempotency_record(db: Database, model_id: str) -> None:
-    new = tasks.NewTask(client_id="c", model="missing", request_json="{}")
+    new = new_tasks.NewTask(client_id="c", model="missing", request_json="{}")
     with pytest.raises(InvalidInput):
-        tasks.enqueue(db, new, idempotency=IdempotencyClaim("k", "d"))
+        new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k", "d"))
     with db.read() as conn:
         assert conn.execute(select(idempotency_keys)).first() is None
 
 
 def test_dedupe_key_keeps_one_active_task(db: Database, model_id: str) -> None:
     first = new_task(db, model_id, dedupe_key="nightly")
-    hit = tasks.enqueue(db, tasks.NewTask(client_id="client-a", model=model_id,
-                                          request_json="{}", dedupe_key="nightly"))
+    hit = new_tasks.enqueue(db, new_tasks.NewTask(client_id="client-a", model=model_id,
+                                                  request_json="{}", dedupe_key="nightly"))
     assert hit.dedupe_hit and hit.status_code == 200 and hit.task_id == first
 
 
 def test_dedupe_hit_with_idempotency_key_stores_no_record(db: Database, model_id: str) -> None:
     new_task(db, model_id, dedupe_key="nightly")
-    tasks.enqueue(db, tasks.NewTask(client_id="client-a", model=model_id, request_json="{}",
-                                    dedupe_key="nightly"),
-                  idempotency=IdempotencyClaim("k", "d"))
+    new_tasks.enqueue(db, new_tasks.NewTask(client_id="client-a", model=model_id,
+                                            request_json="{}", dedupe_key="nightly"),
+                      idempotency=IdempotencyClaim("k", "d"))
     with db.read() as conn:
         assert conn.execute(select(idempotency_keys)).first() is None
 
@@ -374,7 +374,7 @@ def test_retry_of_a_dead_letter_makes_a_new_task(db: Database, model_id: str) ->
     claimed = run_to_running(db, model_id, max_attempts=1)
     worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e",
                           message="m")
-    returned = tasks.retry_failed(db, claimed.task_id, max_attempts=3)
+    returned = new_tasks.retry_failed(db, claimed.task_id, max_attempts=3)
     new = task_row(db, returned.id)
     assert new.status == "queued" and new.retry_of == claimed.task_id
     assert returned.status == "queued" and returned.output_text == ""

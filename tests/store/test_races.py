@@ -17,7 +17,7 @@ from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict
 from core.idempotency import IdempotencyClaim
 from core.settings import Settings
-from core.store import claims, completion, tasks, worker_writes
+from core.store import claims, completion, new_tasks, tasks, worker_writes
 from core.store.database import Database
 from core.tables import task_events
 from core.tables import tasks as tasks_table
@@ -49,8 +49,9 @@ def _claim_and_finish(url: str, start: Any, results: Any) -> None:
 
 
 def _enqueue_many(db: Database, model: str, count: int) -> list[str]:
-    return [tasks.enqueue(db, tasks.NewTask(client_id="c", model=model,
-                                            request_json="{}")).task_id for _ in range(count)]
+    return [new_tasks.enqueue(db, new_tasks.NewTask(client_id="c", model=model,
+                                                    request_json="{}")).task_id
+            for _ in range(count)]
 
 
 def _run(jobs: list[tuple[Any, tuple[Any, ...]]]) -> list[Any]:
@@ -141,8 +142,8 @@ def test_cancel_racing_finish_never_yields_both(
 def _enqueue_with_key(url: str, model: str, start: Any, results: Any) -> None:
     db = _open(url)
     start.wait()
-    outcome = tasks.enqueue(db, tasks.NewTask(client_id="c", model=model, request_json="{}"),
-                            idempotency=IdempotencyClaim("same-key", "same-digest"))
+    new = new_tasks.NewTask(client_id="c", model=model, request_json="{}")
+    outcome = new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("same-key", "same-digest"))
     results.put((outcome.task_id, outcome.body.decode()))
     db.dispose()
 

@@ -6,7 +6,7 @@ from freezegun import freeze_time
 from sqlalchemy import func, select
 
 from core.idempotency import IdempotencyClaim
-from core.store import tasks
+from core.store import new_tasks, tasks
 from core.store.database import Database
 from core.store.retention import remove_expired
 from core.tables import idempotency_keys, responses, task_events
@@ -58,11 +58,12 @@ def test_a_bounded_pass_says_it_did_not_finish(db: Database, model_id: str) -> N
 
 
 def test_expired_idempotency_keys_are_removed(db: Database, model_id: str) -> None:
-    new = tasks.NewTask(client_id="c", model=model_id, request_json="{}")
+    new = new_tasks.NewTask(client_id="c", model=model_id, request_json="{}")
     with freeze_time("2026-01-01 00:00:00"):
-        tasks.enqueue(db, new, idempotency=IdempotencyClaim("old", "d"), idempotency_ttl_ms=HOUR)
-        tasks.enqueue(db, new, idempotency=IdempotencyClaim("new", "d"),
-                      idempotency_ttl_ms=10 * HOUR)
+        new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("old", "d"),
+                          idempotency_ttl_ms=HOUR)
+        new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("new", "d"),
+                          idempotency_ttl_ms=10 * HOUR)
     with freeze_time("2026-01-01 02:00:00"):
         removed = remove_expired(db, retention_ms=HOUR, batch_size=10)
     assert removed.idempotency_keys == 1

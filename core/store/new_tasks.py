@@ -1,0 +1,292 @@
+"""Creating tasks: `enqueue` for a client's request, `enqueue_many` for the API's group
+commit, `insert_tasks` shared with schedule firing, and `retry_failed` for dead letters.
+
+Every task is born here, in one transaction with its response row, its
+`response.created` event and, for a request with an Idempotency-Key, the recorded answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import Connection, Row, bindparam, delete, select
+
+from core.errors import Conflict, InvalidInput
+from core.idempotency import IdempotencyClaim
+from core.ids import sortable_id
+from core.objects import response_object
+from core.states import OnRestart, Status
+from core.store.bulk import insert_rows
+from core.store.database import Database
+from core.store.tasks import current_response, get_task
+from core.tables import IS_ACTIVE, idempotency_keys, models, responses, task_events, tasks
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A task to create: its owner, model and validated request (stored as JSON)."""
+
+    client_id: str
+    model: str
+    request_json: str
+    on_restart: OnRestart = OnRestart.RETRY
+    max_attempts: int = 3
+    run_at: int | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    dedupe_key: str | None = None
+    schedule_id: str | None = None
+    retry_of: str | None = None
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """The outcome of `enqueue`: the answer a client gets, byte for byte."""
+
+    task_id: str
+    status_code: int
+    body: bytes
+    replayed: bool = False
+    dedupe_hit: bool = False
+
+
+class _KeyTaken(Exception):
+    """The idempotency key is already recorded: roll back, then answer from the record."""
+
+
+class _DedupeHit(Exception):
+    """An active task holds the dedupe key: roll back, then answer with that task."""
+
+
+def enqueue(
+    db: Database,
+    new: NewTask,
+    *,
+    idempotency: IdempotencyClaim | None = None,
+    idempotency_ttl_ms: int = 24 * 3600 * 1000,
+) -> Enqueued:
+    """Persist task, response row, `response.created` and the idempotency record at once.
+
+    A second request with the same idempotency key gets the stored answer (or
+    `idempotency_key_reused`); one with the active task's `dedupe_key` gets that task
+    (`200`, nothing created). Both are decided by unique indexes, never by a prior read:
+    the common path is five statements and one commit, and only a conflict reads.
+    """
+    try:
+        with db.write() as conn:
+            now = db.clock.now_ms()
+            created = insert_task(db, conn, new, now)
+            if created is None:
+                raise _DedupeHit
+            body = _json_bytes(response_object(created, None))
+            if idempotency is not None and not _record_keys(conn, [_key_record(
+                    new, idempotency, created.id, body, now, idempotency_ttl_ms)]):
+                raise _KeyTaken
+            db.announce_work(conn)
+            return Enqueued(created.id, 202, body)
+    except (_KeyTaken, _DedupeHit, InvalidInput) as refusal:
+        if idempotency is not None:
+            stored = _stored_answer(db, new.client_id, idempotency)
+            if stored is not None:
+                return stored
+            if isinstance(refusal, _KeyTaken):  # the record had expired and is gone now
+                return enqueue(db, new, idempotency=idempotency,
+                               idempotency_ttl_ms=idempotency_ttl_ms)
+        if isinstance(refusal, InvalidInput):
+            raise
+        return _dedupe_answer(db, new, idempotency, idempotency_ttl_ms)
+
+
+def enqueue_many(
+    db: Database,
+    batch: Sequence[tuple[NewTask, IdempotencyClaim | None]],
+    *,
+    idempotency_ttl_ms: int = 24 * 3600 * 1000,
+) -> list[Enqueued | None]:
+    """`enqueue` for several requests in ONE transaction: group commit.
+
+    A busy API process commits the requests that arrived together at once: one fsync
+    and a handful of statements (`insert_tasks`, then one multi-row insert of the
+    idempotency records) instead of five statements and an fsync each. A request that
+    meets a conflict (a dedupe key or idempotency key already held, in the store or
+    earlier in the batch) comes back as None, with nothing of it stored; so does every
+    request of a batch that fails as a whole (an unknown model, a deadlock victim on
+    PostgreSQL). The caller then runs `enqueue` for each None after the commit, so
+    replays, dedupe hits and refusals keep their one code path.
+    """
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        savepoint = conn.begin_nested()
+        try:
+            answers = _insert_batch(db, conn, batch, now, idempotency_ttl_ms)
+        except Exception:  # noqa: BLE001 - each request is tried alone by `enqueue`
+            savepoint.rollback()
+            return [None] * len(batch)
+        savepoint.commit()
+        if any(answers):
+            db.announce_work(conn)
+    return answers
+
+
+def _insert_batch(
+    db: Database,
+    conn: Connection,
+    batch: Sequence[tuple[NewTask, IdempotencyClaim | None]],
+    now: int,
+    ttl_ms: int,
+) -> list[Enqueued | None]:
+    created = insert_tasks(db, conn, [new for new, _ in batch], now)
+    bodies = [_json_bytes(response_object(row, None)) if row else b"" for row in created]
+    records = sorted(  # one lock order for every batch: no deadlock between two of them
+        (_key_record(new, claim, row.id, body, now, ttl_ms)
+         for (new, claim), row, body in zip(batch, created, bodies)
+         if row is not None and claim is not None),
+        key=lambda record: (record["client_id"], record["key"]),
+    )
+    recorded = _record_keys(conn, records)
+    unrecorded = {record["task_id"] for record in records} - recorded
+    if unrecorded:  # their key was taken: the task must not exist either
+        for table, column in ((task_events, task_events.c.task_id),
+                              (responses, responses.c.task_id), (tasks, tasks.c.id)):
+            conn.execute(delete(table).where(column.in_(unrecorded)))
+    return [Enqueued(row.id, 202, body) if row is not None and row.id not in unrecorded
+            else None for row, body in zip(created, bodies)]
+
+
+def _dedupe_answer(
+    db: Database, new: NewTask, idempotency: IdempotencyClaim | None, ttl_ms: int
+) -> Enqueued:
+    with db.read() as conn:
+        holder = conn.execute(
+            select(tasks.c.id).where(
+                tasks.c.client_id == new.client_id,
+                tasks.c.dedupe_key == new.dedupe_key,
+                IS_ACTIVE,
+            )
+        ).scalar()
+        if holder is not None:
+            return Enqueued(holder, 200, _json_bytes(current_response(conn, holder)),
+                            dedupe_hit=True)
+    # The holder finished in between: the key is free again.
+    return enqueue(db, new, idempotency=idempotency, idempotency_ttl_ms=ttl_ms)
+
+
+_KNOWN_MODELS = select(models.c.id).where(models.c.id.in_(bindparam("models", expanding=True)))
+
+
+def insert_task(db: Database, conn: Connection, new: NewTask, now: int) -> SimpleNamespace | None:
+    """One task through `insert_tasks`; None on a dedupe conflict."""
+    return insert_tasks(db, conn, [new], now)[0]
+
+
+def insert_tasks(
+    db: Database, conn: Connection, news: Sequence[NewTask], now: int
+) -> list[SimpleNamespace | None]:
+    """Insert tasks with their response rows and first events: one answer per request,
+    None where an active task holds its dedupe key.
+
+    Shared by `enqueue`, retries of dead letters and schedule firing, so every task is
+    born the same way, in four statements however many there are: one query checks the
+    models (an unknown one refuses the whole batch before anything is written); the
+    tasks go in as one `INSERT … ON CONFLICT DO NOTHING RETURNING id` (the ids of the
+    rows inserted come back, matched by id, not position: they are made here); then
+    their response rows and `response.created` events (`core.store.bulk.insert_rows`).
+    Within a batch as between batches, the first request holding a dedupe key wins. A
+    past `run_at` is kept as given: the task is due at once, and a schedule's task
+    carries its slot. Each answer is the new task's columns (with empty response
+    columns), enough to render it without a read-back.
+    """
+    if not news:
+        return []
+    wanted = {new.model for new in news}
+    if len(set(conn.execute(_KNOWN_MODELS, {"models": sorted(wanted)}).scalars())) < len(wanted):
+        raise InvalidInput("model_not_found", "no model is registered under that id",
+                           extra={"field": "model"})
+    rows = [_task_values(new, now) for new in news]
+    inserted = {row.id for row in insert_rows(conn, tasks, rows, skip_conflicts=True,
+                                              returning=[tasks.c.id])}
+    born = [row["id"] for row in rows if row["id"] in inserted]
+    if born:
+        insert_rows(conn, responses, [{"task_id": task_id, "output_text": "",
+                                       "updated_at": now} for task_id in born])
+        insert_rows(conn, task_events, [{"task_id": task_id, "seq": 1,
+                                         "type": "response.created", "created_at": now,
+                                         "data": "{}"} for task_id in born])
+    return [SimpleNamespace(**row, output_text="", input_tokens=0, output_tokens=0)
+            if row["id"] in inserted else None for row in rows]
+
+
+def _task_values(new: NewTask, now: int) -> dict[str, Any]:
+    return {
+        "id": sortable_id("resp", now), "client_id": new.client_id, "model": new.model,
+        "status": Status.QUEUED.value, "on_restart": new.on_restart.value, "attempts": 0,
+        "max_attempts": new.max_attempts, "created_at": now, "updated_at": now,
+        "run_at": now if new.run_at is None else new.run_at,
+        "started_at": None, "finished_at": None, "owner_token": None,
+        "lease_expires_at": None, "node_id": None, "last_seq": 1,
+        "dedupe_key": new.dedupe_key, "error_code": None, "error_message": None,
+        "dead_lettered": 0, "metadata_json": json.dumps(new.metadata, separators=(",", ":")),
+        "request_json": new.request_json, "snapshot_json": None,
+        "schedule_id": new.schedule_id, "retry_of": new.retry_of,
+    }
+
+
+def _key_record(
+    new: NewTask, claim: IdempotencyClaim, task_id: str, body: bytes, now: int, ttl_ms: int
+) -> dict[str, Any]:
+    return {"client_id": new.client_id, "key": claim.key, "request_digest": claim.digest,
+            "status_code": 202, "body": body.decode(), "task_id": task_id, "created_at": now,
+            "expires_at": now + ttl_ms}
+
+
+def _record_keys(conn: Connection, records: Sequence[dict[str, Any]]) -> set[str]:
+    """Store answers under their keys; the task ids whose key was not recorded before.
+
+    On PostgreSQL a concurrent holder of the same key makes this wait for its commit,
+    so exactly one of two racing requests creates a task.
+    """
+    return {row.task_id for row in insert_rows(conn, idempotency_keys, records,
+                                               skip_conflicts=True,
+                                               returning=[idempotency_keys.c.task_id])}
+
+
+def _stored_answer(db: Database, client_id: str, claim: IdempotencyClaim) -> Enqueued | None:
+    """The recorded answer for the key (deleting it when expired), or None."""
+    key_of = (idempotency_keys.c.client_id == client_id, idempotency_keys.c.key == claim.key)
+    with db.write() as conn:
+        stored = conn.execute(select(idempotency_keys).where(*key_of)).first()
+        if stored is None:
+            return None
+        if stored.expires_at <= db.clock.now_ms():
+            conn.execute(delete(idempotency_keys).where(*key_of))
+            return None
+    if stored.request_digest != claim.digest:
+        raise InvalidInput(
+            "idempotency_key_reused",
+            "this Idempotency-Key was already used with a different request",
+        )
+    return Enqueued(stored.task_id, stored.status_code, stored.body.encode(), replayed=True)
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
+    """A new task with the request of a failed one (the failed one stays as it was);
+    the new task's row, as `get_task` reads it."""
+    with db.write() as conn:
+        old = get_task(conn, task_id, None)
+        if old.status != Status.FAILED:
+            raise Conflict("task_not_failed", "only a failed task can be retried")
+        created = insert_task(db, conn, NewTask(
+            client_id=old.client_id, model=old.model, request_json=old.request_json,
+            on_restart=OnRestart(old.on_restart), max_attempts=max_attempts,
+            metadata=json.loads(old.metadata_json), retry_of=old.id,
+        ), db.clock.now_ms())
+        if created is None:
+            raise Conflict("dedupe_conflict", "an active task already holds this dedupe key")
+        return get_task(conn, created.id, None)
