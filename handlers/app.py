@@ -22,7 +22,16 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from core.settings import Settings, load_settings
-from handlers import clients, dead_letters, health, models, responses, schedules, tasks
+from handlers import (
+    clients,
+    dead_letters,
+    health,
+    metrics,
+    models,
+    responses,
+    schedules,
+    tasks,
+)
 from handlers.auth import bearer_auth
 from handlers.enqueuing import Enqueuer
 from handlers.errors import problem_details_plugin
@@ -76,8 +85,9 @@ def create_app(
                         readiness=readiness)
 
     return Litestar(
-        route_handlers=[*health.ROUTES, *clients.ROUTES, *models.ROUTES, *responses.ROUTES,
-                        *tasks.ROUTES, *dead_letters.ROUTES, *schedules.ROUTES],
+        route_handlers=[*health.ROUTES, *metrics.ROUTES, *clients.ROUTES, *models.ROUTES,
+                        *responses.ROUTES, *tasks.ROUTES, *dead_letters.ROUTES,
+                        *schedules.ROUTES],
         dependencies={"services": Provide(lambda: services, sync_to_thread=False,
                                           use_cache=True)},
         middleware=[bearer_auth()],

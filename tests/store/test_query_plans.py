@@ -19,6 +19,7 @@ from sqlalchemy import event
 from core.states import ACTIVE, LEASED, TERMINAL, Status
 from core.store import claims
 from core.store.database import Database
+from core.store.queue_stats import queue_stats
 from core.store.recovery import expire_leases, finalise_orphaned_cancels
 from core.store.retention import remove_expired
 from core.tables import IS_ACTIVE, IS_LEASED, IS_QUEUED, IS_TERMINAL
@@ -89,3 +90,13 @@ def test_the_index_predicates_name_exactly_the_state_sets_of_the_state_machine()
     assert named(IS_ACTIVE) == {s.value for s in ACTIVE}
     assert named(IS_LEASED) == {s.value for s in LEASED}
     assert named(IS_TERMINAL) == {s.value for s in TERMINAL}
+
+
+def test_the_metrics_read_never_scans_the_tasks_table(db: Database, model_id: str) -> None:
+    for _ in range(3):
+        new_task(db, model_id)
+    with captured(db) as statements, db.read() as conn:
+        queue_stats(conn, db.clock.now_ms())
+    assert len(statements) == 4
+    for statement in statements:
+        assert full_scans(db, statement) == [], statement[0]

@@ -1,0 +1,72 @@
+"""`GET /metrics`: the queue's figures in the Prometheus text format.
+
+Open like the probes (aggregate counts only: no ids, payloads or client names), so a
+scraper needs no token. Figures come from the store at scrape time
+(`core.store.queue_stats`), the same from every process; what to alert on is in
+docs/operations.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from litestar import Response, get
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.registry import Collector
+
+from core.store.database import Database
+from core.store.queue_stats import QueueStats, queue_stats
+from handlers.auth import PUBLIC_ROUTE
+from handlers.services import Services
+from handlers.threads import blocking
+
+
+class _Snapshot(Collector):
+    """A prometheus_client collector that yields one read of the store."""
+
+    def __init__(self, stats: QueueStats, now_ms: int) -> None:
+        self._stats = stats
+        self._now_ms = now_ms
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats
+        by_status = GaugeMetricFamily("taskward_tasks", "Tasks in each active state.",
+                                      labels=["status"])
+        for status, count in stats.by_status.items():
+            by_status.add_metric([status.value], count)
+        yield by_status
+        yield GaugeMetricFamily("taskward_tasks_due",
+                                "Queued tasks whose run_at has come.", value=stats.due)
+        waited = 0.0 if stats.oldest_due_at is None else (self._now_ms - stats.oldest_due_at)
+        yield GaugeMetricFamily("taskward_oldest_due_task_age_seconds",
+                                "How long the longest-waiting due task has waited (0: none).",
+                                value=max(waited, 0) / 1000)
+        yield GaugeMetricFamily(
+            "taskward_expired_leases",
+            "Leased tasks past their lease that no sweeper has taken back yet.",
+            value=stats.expired_leases)
+        yield GaugeMetricFamily("taskward_dead_letters",
+                                "Failed tasks whose attempts were spent.",
+                                value=stats.dead_letters)
+
+
+def _exposition(db: Database) -> bytes:
+    now = db.clock.now_ms()
+    with db.read() as conn:
+        stats = queue_stats(conn, now)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(stats, now))
+    return generate_latest(registry)
+
+
+# The 0.0.4 text format: every Prometheus version reads it, and these names need none of
+# the escaping the newer format adds.
+@get("/metrics", opt=PUBLIC_ROUTE, tags=["health"], media_type=CONTENT_TYPE_PLAIN_0_0_4)
+async def metrics(services: Services) -> Response[bytes]:
+    return Response(await blocking(_exposition, services.db),
+                    media_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+
+ROUTES = [metrics]
