@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from litestar import Response, get
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from core.store.database import Database
@@ -62,11 +61,13 @@ def _exposition(db: Database) -> bytes:
 
 
 # The 0.0.4 text format: every Prometheus version reads it, and these names need none of
-# the escaping the newer format adds.
-@get("/metrics", opt=PUBLIC_ROUTE, tags=["health"], media_type=CONTENT_TYPE_PLAIN_0_0_4)
+# the escaping the newer format adds. Litestar appends the charset to text types itself.
+_TEXT_FORMAT = "text/plain; version=0.0.4"
+
+
+@get("/metrics", opt=PUBLIC_ROUTE, tags=["health"], media_type=_TEXT_FORMAT)
 async def metrics(services: Services) -> Response[bytes]:
-    return Response(await blocking(_exposition, services.db),
-                    media_type=CONTENT_TYPE_PLAIN_0_0_4)
+    return Response(await blocking(_exposition, services.db), media_type=_TEXT_FORMAT)
 
 
 ROUTES = [metrics]

@@ -19,7 +19,7 @@ def scrape(http: TestClient[Any]) -> dict[tuple[str, tuple[tuple[str, str], ...]
     """Every sample of `/metrics` by (name, labels), parsed as Prometheus would."""
     response = http.get("/metrics")
     assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(response.text)
             for sample in family.samples}
