@@ -5,7 +5,9 @@ flush never starves a lease (the lease is also much longer than the heartbeat pe
 Its answers feed back into the attempts: `cancelling` raises the cancel flag, a renewal
 that changes nothing raises `lost`. `renew_soon` makes it renew a task at its next tick
 (~100 ms) instead of a heartbeat period later: how an announced cancel reaches a worker
-whose engine produces nothing to write for a while (loading, a long prompt).
+whose engine produces nothing to write for a while (loading, a long prompt). SQLite has
+no announcement between processes, so there the keeper asks the store at each tick
+which of its tasks a cancel has reached: one indexed read while it holds any.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from core.errors import LeaseLost
 from core.states import Status
 from core.store import worker_writes
 from core.store.database import Database
+from core.store.tasks import cancelling_among
 from scheduler.attempt import Attempt, StopReason
 
 log = logging.getLogger(__name__)
@@ -69,10 +72,22 @@ class LeaseKeeper:
             with self._lock:
                 held = list(self._held.values())
                 soon, self._soon = self._soon, set()
+            soon |= self._cancelled_unannounced(held)
             due = self._db.clock.now_ms() - self._heartbeat_ms
             for attempt in held:
                 if attempt.renewed_at_ms <= due or attempt.task_id in soon:
                     self._renew(attempt)
+
+    def _cancelled_unannounced(self, held: list[Attempt]) -> set[str]:
+        """SQLite: the held tasks now `cancelling` (a cancel from another process is
+        never announced here). PostgreSQL announces every cancel: nothing to ask."""
+        if not self._db.is_sqlite or not held:
+            return set()
+        try:
+            with self._db.read() as conn:
+                return cancelling_among(conn, [attempt.task_id for attempt in held])
+        except Exception:  # noqa: BLE001  an unreachable store: the renewals report it
+            return set()
 
     def _renew(self, attempt: Attempt) -> None:
         """One heartbeat; a database error is logged and retried on the next tick."""

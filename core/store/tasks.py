@@ -127,3 +127,9 @@ def log_positions(conn: Connection, task_ids: Sequence[str]) -> dict[str, int]:
     """
     rows = conn.execute(select(tasks.c.id, tasks.c.last_seq).where(tasks.c.id.in_(task_ids)))
     return {row.id: row.last_seq for row in rows}
+
+
+def cancelling_among(conn: Connection, task_ids: Sequence[str]) -> set[str]:
+    """Which of `task_ids` are `cancelling` now (one statement for all of them)."""
+    return set(conn.execute(select(tasks.c.id).where(
+        tasks.c.id.in_(task_ids), tasks.c.status == Status.CANCELLING.value)).scalars())

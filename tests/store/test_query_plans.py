@@ -22,6 +22,7 @@ from core.store.database import Database
 from core.store.queue_stats import queue_stats
 from core.store.recovery import expire_leases, finalise_orphaned_cancels
 from core.store.retention import remove_expired
+from core.store.tasks import cancelling_among
 from core.tables import IS_ACTIVE, IS_LEASED, IS_QUEUED, IS_TERMINAL
 from tests.store.helpers import new_task
 
@@ -60,7 +61,14 @@ def full_scans(db: Database, statement: Statement) -> list[str]:
         return [line for line in plan if "Seq Scan on tasks" in line]
 
 
+def cancel_check(db: Database) -> set[str]:
+    """The lease keeper's question on SQLite, asked every tick while it holds tasks."""
+    with db.read() as conn:
+        return cancelling_among(conn, ["resp_a", "resp_b"])
+
+
 SWEEPER_STEPS: dict[str, Callable[[Database], object]] = {
+    "cancel_check": cancel_check,
     "claim": lambda db: claims.claim(db, limit=4, lease_ms=60_000, node_id="n"),
     "expire_leases": expire_leases,
     "finalise_orphaned_cancels": finalise_orphaned_cancels,
