@@ -19,8 +19,9 @@ _DEAD_SQL = "dead_lettered = 1"
 # The predicates of the partial indexes on `tasks`, as terms for queries on `tasks`.
 # A query can use a partial index only when its WHERE holds the index's predicate
 # itself: SQLite compares terms structurally, constants and their order included, and
-# a bound parameter (`status = ?`) never matches; PostgreSQL cannot prove it from a
-# parameter either once a statement runs with a generic plan. Without these terms a
+# a bound parameter cannot be relied on (`status IN (?, ?, ?)` scanned the table, though
+# a lone `x = ?` may match once bound); PostgreSQL cannot prove it from a parameter
+# either once a statement runs with a generic plan. Without these terms a
 # claim or a retention batch scans the whole table, finished history included.
 IS_QUEUED: TextClause = text(_QUEUED_SQL)
 IS_ACTIVE: TextClause = text(_ACTIVE_SQL)
