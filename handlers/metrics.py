@@ -38,10 +38,11 @@ class _Snapshot(Collector):
         yield by_status
         yield GaugeMetricFamily("taskward_tasks_due",
                                 "Queued tasks whose run_at has come.", value=stats.due)
-        waited = 0.0 if stats.oldest_due_at is None else (self._now_ms - stats.oldest_due_at)
+        # Due means `run_at <= now`, read with this same `now`: never negative.
+        waited_ms = 0 if stats.oldest_due_at is None else self._now_ms - stats.oldest_due_at
         yield GaugeMetricFamily("taskward_oldest_due_task_age_seconds",
                                 "How long the longest-waiting due task has waited (0: none).",
-                                value=max(waited, 0) / 1000)
+                                value=waited_ms / 1000)
         yield GaugeMetricFamily(
             "taskward_expired_leases",
             "Leased tasks past their lease that no sweeper has taken back yet.",
