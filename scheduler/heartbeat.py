@@ -3,11 +3,11 @@
 It runs apart from every runner and engine thread, so a slow model step or a long
 flush never starves a lease (the lease is also much longer than the heartbeat period).
 Its answers feed back into the attempts: `cancelling` raises the cancel flag, a renewal
-that changes nothing raises `lost`. `renew_soon` makes it renew a task at its next tick
-(~100 ms) instead of a heartbeat period later: how an announced cancel reaches a worker
-whose engine produces nothing to write for a while (loading, a long prompt). SQLite has
-no announcement between processes, so there the keeper asks the store at each tick
-which of its tasks a cancel has reached: one indexed read while it holds any.
+that changes nothing raises `lost`. At each tick (~100 ms) it also asks the store which
+of its tasks a cancel has reached (one indexed read, only while it holds any), so a
+cancel made anywhere (any API process, the CLI, any machine, either store) stops an
+engine that has nothing to write for a while (loading, a long prompt) at once, rather
+than at its next write or heartbeat.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ class LeaseKeeper:
         self._tick = tick_seconds
         self._held: dict[str, Attempt] = {}
         self._failing: set[str] = set()  # tasks whose last renewal failed (logged once)
-        self._soon: set[str] = set()  # tasks to renew at the next tick, whatever is due
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
@@ -56,32 +55,21 @@ class LeaseKeeper:
             if self._held.get(attempt.task_id) is attempt:
                 del self._held[attempt.task_id]
 
-    def renew_soon(self, task_id: str) -> None:
-        """Renew `task_id` at the next tick if this process holds it (thread-safe)."""
-        with self._lock:
-            if task_id in self._held:
-                self._soon.add(task_id)
-
-    def renew_all_soon(self) -> None:
-        """Renew every held task at the next tick (thread-safe)."""
-        with self._lock:
-            self._soon.update(self._held)
-
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
             with self._lock:
                 held = list(self._held.values())
-                soon, self._soon = self._soon, set()
-            soon |= self._cancelled_unannounced(held)
+            cancelled = self._cancelled(held)
             due = self._db.clock.now_ms() - self._heartbeat_ms
             for attempt in held:
-                if attempt.renewed_at_ms <= due or attempt.task_id in soon:
+                if attempt.task_id in cancelled:
+                    attempt.raise_flag(StopReason.CANCEL)
+                elif attempt.renewed_at_ms <= due:
                     self._renew(attempt)
 
-    def _cancelled_unannounced(self, held: list[Attempt]) -> set[str]:
-        """SQLite: the held tasks now `cancelling` (a cancel from another process is
-        never announced here). PostgreSQL announces every cancel: nothing to ask."""
-        if not self._db.is_sqlite or not held:
+    def _cancelled(self, held: list[Attempt]) -> set[str]:
+        """The held tasks now `cancelling` (that state never goes back to running)."""
+        if not held:
             return set()
         try:
             with self._db.read() as conn:

@@ -22,7 +22,7 @@ from croniter import croniter
 
 from core.clock import Clock
 from core.settings import Settings
-from core.store.database import CANCEL_CHANNEL, WORK_CHANNEL, Database
+from core.store.database import WORK_CHANNEL, Database
 from scheduler.sweep import maintain
 from scheduler.wakeups import PgListener
 from scheduler.workers import Workers
@@ -94,12 +94,10 @@ class SweeperLoop:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._workers: Workers | None = None
-        announced = {WORK_CHANNEL: lambda _payload: self._wake.set(),
-                     CANCEL_CHANNEL: self._cancel_requested}
+        announced = {WORK_CHANNEL: lambda _payload: self._wake.set()}
         self._listener = None if db.is_sqlite else PgListener(settings.database_url, announced)
         self._unlisten = (db.listen(WORK_CHANNEL, announced[WORK_CHANNEL])
-                          if in_process_wakeups  # cancels: `Workers` listens itself
-                          else lambda: None)
+                          if in_process_wakeups else lambda: None)
         pushed = in_process_wakeups or self._listener is not None
         poll = settings.poll_interval_ms / 1000
         self._idle_wait = max(poll, _PUSHED_POLL_SECONDS) if pushed else poll
@@ -140,15 +138,6 @@ class SweeperLoop:
             if started:
                 continue  # more may be due; with no free slot a claim costs nothing
             self._wake.wait(self._idle_wait)
-
-    def _cancel_requested(self, task_id: str) -> None:
-        """A cancel announced, or (empty `task_id`) the listener (re)connected."""
-        if self._workers is None:
-            return
-        if task_id:
-            self._workers.cancel_requested(task_id)
-        else:
-            self._workers.recheck_all()
 
     @staticmethod
     def _log_pass(summary: dict[str, object]) -> None:

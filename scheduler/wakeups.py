@@ -1,12 +1,13 @@
-"""What wakes the sweeper before its next poll: new work, and cancels of running tasks.
+"""What wakes the sweeper before its next poll: new work.
 
-- PostgreSQL: a LISTEN connection on `WORK_CHANNEL` and `CANCEL_CHANNEL`; `enqueue`
-  and `cancel` NOTIFY on commit, so every sweeper on every machine hears within
-  milliseconds.
+- PostgreSQL: a LISTEN connection on `WORK_CHANNEL`; `enqueue` NOTIFYs on commit, so
+  every sweeper on every machine hears within milliseconds.
 - Same process as the API (`taskward run`): `Database.listen`, called after the
   announcing transaction commits — the only push SQLite has.
-- Otherwise the loop polls every `TASKWARD_POLL_INTERVAL_MS`, and a cancel is seen at
-  the worker's next write or heartbeat.
+- Otherwise the loop polls every `TASKWARD_POLL_INTERVAL_MS`.
+
+Cancels need no push: the lease keeper asks the store at each tick
+(`scheduler.heartbeat`).
 
 Tasks that become due later (`run_at`, retry backoff) announce nothing, so the loop
 still polls, just less often when a push source exists.
@@ -31,7 +32,7 @@ class PgListener:
     """A thread holding one LISTEN connection for `handlers` (channel -> function of
     the payload); it reconnects after any error. After each (re)connection every
     handler is called once with an empty payload: something may have been announced
-    while nobody listened (a handler that needs a payload ignores the empty one)."""
+    while nobody listened."""
 
     def __init__(self, database_url: str, handlers: Mapping[str, Callable[[str], None]]) -> None:
         url = make_url(database_url).set(drivername="postgresql")

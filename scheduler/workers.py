@@ -23,7 +23,7 @@ from core.engines.base import EngineError, ModelFile
 from core.models_registry import verified_model_file
 from core.settings import Settings
 from core.store import claims, completion
-from core.store.database import CANCEL_CHANNEL, Database
+from core.store.database import Database
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.execute import VerifyModel, execute
 from scheduler.group_commit import GroupCommit, gather
@@ -67,9 +67,6 @@ class Workers:
         self._executor = ThreadPoolExecutor(max_workers=self._slots,
                                             thread_name_prefix="taskward-runner")
         self._keeper.start()
-        # A cancel made through this process's store object (the API of `taskward run`)
-        # reaches the attempt at once; other processes hear it through `PgListener`.
-        self._unlisten = db.listen(CANCEL_CHANNEL, self.cancel_requested)
 
     def free_slots(self) -> int:
         with self._lock:
@@ -150,16 +147,6 @@ class Workers:
                 self._idle.wait(left)
             return True
 
-    def cancel_requested(self, task_id: str) -> None:
-        """A cancel of `task_id` was announced: if it runs here, look at it now (its
-        renewal then sees `cancelling`, verified by the store, and stops the attempt)."""
-        self._keeper.renew_soon(task_id)
-
-    def recheck_all(self) -> None:
-        """Cancels may have been announced while nobody listened (the LISTEN connection
-        was down): look at every attempt running here now, not at its next heartbeat."""
-        self._keeper.renew_all_soon()
-
     def stop(self, *, drain_seconds: float) -> None:
         """Graceful stop (the caller has stopped claiming): let running attempts finish
         for `drain_seconds`, then hand the rest back (attempt refunded, snapshot kept)."""
@@ -176,7 +163,6 @@ class Workers:
         # Idle runner threads end at once and are joined; a runner stuck in a database
         # call is left to process exit rather than hanging the stop.
         self._executor.shutdown(wait=idle, cancel_futures=True)
-        self._unlisten()
         self._keeper.stop()
         with self._lock:
             engines = [a.engine_thread for a in self._engines if a.engine_thread is not None]

@@ -21,7 +21,6 @@ from core.clock import Clock
 
 _WRITE_OPTION = "taskward_write"
 WORK_CHANNEL = "taskward_work"  # payload: none; new work is due
-CANCEL_CHANNEL = "taskward_cancel"  # payload: the id of a task now `cancelling`
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
@@ -54,23 +53,15 @@ class Database:
 
     def announce_work(self, conn: Connection) -> None:
         """Tell sweepers that new work is due, as part of the transaction `conn`.
-        SQLite processes without the API in them fall back to short polling."""
-        self._announce(conn, WORK_CHANNEL, "")
 
-    def announce_cancel(self, conn: Connection, task_id: str) -> None:
-        """Tell the worker holding `task_id` that it is now `cancelling`, as part of the
-        transaction `conn`, so it stops at once rather than at its next write or
-        heartbeat (SQLite workers in other processes learn it there)."""
-        self._announce(conn, CANCEL_CHANNEL, task_id)
-
-    def _announce(self, conn: Connection, channel: str, payload: str) -> None:
-        """PostgreSQL: a NOTIFY, delivered on commit to every listening process. Either
-        store: this process's `listen`ers, called after commit."""
+        PostgreSQL: a NOTIFY, delivered on commit to every listening process. Either
+        store: this process's `listen`ers, called after commit. SQLite processes
+        without the API in them fall back to short polling."""
         if not self.is_sqlite:
-            conn.execute(_NOTIFY, {"channel": channel, "payload": payload})
-        listeners = list(self._listeners.get(channel, ()))
+            conn.execute(_NOTIFY, {"channel": WORK_CHANNEL, "payload": ""})
+        listeners = list(self._listeners.get(WORK_CHANNEL, ()))
         if listeners:
-            event.listen(conn, "commit", lambda _conn: [hear(payload) for hear in listeners],
+            event.listen(conn, "commit", lambda _conn: [hear("") for hear in listeners],
                          once=True)
 
     def listen(self, channel: str, hear: Callable[[str], None]) -> Callable[[], None]:

@@ -86,7 +86,6 @@ def cancel(db: Database, task_id: str, client_id: str | None) -> CancelOutcome:
             return CancelOutcome(200, get_task(conn, task_id, client_id))
         if move(conn, now=now, expected={Status.LOADING, Status.RUNNING}, where=where,
                 to=Status.CANCELLING, events=[Event("response.cancelling")]):
-            db.announce_cancel(conn, task_id)
             return CancelOutcome(202, get_task(conn, task_id, client_id))
         task = get_task(conn, task_id, client_id)
         if task.status == Status.CANCELLING:
