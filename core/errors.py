@@ -10,7 +10,8 @@ from typing import Any
 
 
 class DomainError(Exception):
-    """Base of every error the domain raises on purpose (maps to 4xx, never 5xx)."""
+    """Base of every error the domain raises on purpose; `status` is its HTTP status
+    (a 4xx for the caller's mistakes, 503 for a store whose schema is not ours)."""
 
     status = 400
 

@@ -65,10 +65,5 @@ PUBLIC_STATUS: dict[Status, str] = {
 }
 
 
-def sources_of(target: Status) -> frozenset[Status]:
-    """States a task may be in for a move to `target` to be allowed."""
-    return frozenset(src for src, dst in TRANSITIONS if dst == target)
-
-
 def is_allowed(source: Status, target: Status) -> bool:
     return (source, target) in TRANSITIONS

@@ -37,7 +37,6 @@ from core.engines.base import (
     Snapshot,
     Usage,
 )
-from core.engines.registry import register_engine
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256
 SNAPSHOT_VERSION = 1
@@ -316,5 +315,3 @@ class _Utf8Pieces:
     def _detokenize(self, tokens: list[int]) -> str:
         return self._vocab.detokenize(tokens, 4096, False, False)
 
-
-register_engine(LlamaEngine.name, LlamaEngine)

@@ -1,7 +1,9 @@
 """Engine factories by name, and one engine instance per name per process.
 
-Product engines register themselves here at import; tests may register deterministic
-engines of their own. Instances are cached because an engine owns a model cache.
+Built-in engines are named here and imported on first use (the llama engine pulls a
+native library that the API never needs); plug-ins (`TASKWARD_ENGINE_MODULES`) and
+tests register factories of their own. Instances are cached because an engine owns a
+model cache.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import threading
 from core.engines.base import Engine, EngineFactory, EngineOptions
 from core.errors import DomainError
 
+# Engine name -> "module:factory", imported when the engine is first asked for.
+_BUILTIN: dict[str, str] = {"llama.cpp": "core.engines.llama:LlamaEngine"}
 _factories: dict[str, EngineFactory] = {}
 _instances: dict[str, Engine] = {}
 _lock = threading.Lock()
@@ -35,24 +39,23 @@ def import_engine_modules(names: list[str]) -> None:
             ) from None
 
 
-def known_engines() -> list[str]:
-    _import_builtin_engines()
-    return sorted(_factories)
-
-
 def engine_named(name: str, options: EngineOptions) -> Engine:
     """The process's engine called `name`; `unknown_engine` when none is registered."""
-    _import_builtin_engines()
     with _lock:
         engine = _instances.get(name)
         if engine is None:
-            factory = _factories.get(name)
+            factory = _factories.get(name) or _builtin_factory(name)
             if factory is None:
                 raise DomainError("unknown_engine", f"no engine named {name!r}")
             engine = _instances[name] = factory(options)
         return engine
 
 
-def _import_builtin_engines() -> None:
-    # Imported lazily: the llama engine pulls a native library that the API never needs.
-    import core.engines.llama  # noqa: F401
+def _builtin_factory(name: str) -> EngineFactory | None:
+    where = _BUILTIN.get(name)
+    if where is None:
+        return None
+    module, attribute = where.split(":")
+    factory: EngineFactory = getattr(importlib.import_module(module), attribute)
+    _factories[name] = factory
+    return factory
