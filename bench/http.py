@@ -37,7 +37,7 @@ from core.idempotency import IdempotencyClaim
 from core.models_registry import register
 from core.settings import Settings
 from core.store import new_tasks
-from infra.db import open_database
+from core.store.connect import open_database
 from infra.migrate import upgrade
 
 BODY = json.dumps({"model": "bench", "input": "words=3"}).encode()

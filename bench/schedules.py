@@ -30,10 +30,10 @@ from core.clock import Clock
 from core.ids import sortable_id
 from core.schedules import create_schedule
 from core.settings import Settings
+from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.new_tasks import NewTask, insert_task, insert_tasks
 from core.tables import models, schedules
-from infra.db import create_db_engine
 from infra.migrate import upgrade
 from scheduler.fire_schedules import fire_due
 from tests.databases import private_pg_database

@@ -30,12 +30,12 @@ from core.idempotency import IdempotencyClaim
 from core.ids import sortable_id
 from core.settings import Settings
 from core.store import claims, completion, new_tasks, worker_writes
+from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.recovery import recover
 from core.store.retention import remove_expired
 from core.tables import models, responses, task_events
 from core.tables import tasks as tasks_table
-from infra.db import create_db_engine
 from infra.migrate import upgrade
 from tests.databases import private_pg_database
 

@@ -36,10 +36,10 @@ from core.clients import create_client
 from core.models_registry import register
 from core.settings import Settings
 from core.states import Status
+from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.new_tasks import NewTask, insert_task
 from core.tables import task_events, tasks
-from infra.db import create_db_engine
 from infra.migrate import upgrade
 from tests.databases import private_pg_database
 from tests.scheduler.processes import environment, free_port, wait_until

@@ -1,16 +1,14 @@
 """The Litestar application: routes, authentication, problem documents, the live tail.
 
-`create_app` is the one place that wires the HTTP layer to a store. Handlers keep no
-state between requests; what a process shares (`Services`) is its database engine, its
-settings, the live-tail poller, the token cache and the group-commit enqueuer.
-`taskward serve` runs it under granian (a factory, one app per worker); `taskward run`
-adds its sweeper through `on_startup`/`on_shutdown`.
+`create_app` is the one place that wires the HTTP layer to the store it is handed
+(`infra.app` opens it). Handlers keep no state between requests; what a process shares
+(`Services`) is its database, its settings, the live-tail poller, the token cache and
+the group-commit enqueuer.
 """
 
 from __future__ import annotations
 
 import gc
-import logging
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -21,7 +19,8 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
-from core.settings import Settings, load_settings
+from core.settings import Settings
+from core.store.database import Database
 from handlers import (
     clients,
     dead_letters,
@@ -38,32 +37,25 @@ from handlers.errors import problem_details_plugin
 from handlers.live import LiveTail
 from handlers.services import Services
 from handlers.tokens import TokenCache
-from infra.db import open_database
-from infra.migrate import check_schema
 
 LifespanHook = Callable[..., Any]
 
 
 def create_app(
-    settings: Settings | None = None,
+    settings: Settings,
+    db: Database,
     *,
+    readiness: Callable[[], None],
     on_startup: Sequence[LifespanHook] = (),
     on_shutdown: Sequence[LifespanHook] = (),
 ) -> Litestar:
-    """The API for `settings` (default: read from the environment and taskward.toml).
+    """The API over `db`, which it disposes of at shutdown; `readiness` raises unless
+    the store is reachable and at the schema this code needs.
 
     `on_startup` hooks run after the store and the live tail are ready; `on_shutdown`
     hooks run before they close. Each hook may take the app as its one argument.
     """
-    settings = settings or load_settings()
-    db = open_database(settings)
     tail = LiveTail(db, interval_seconds=settings.poll_interval_ms / 1000)
-
-    def readiness() -> None:
-        check_schema(db.engine)
-
-    # Probes call `readiness` every few seconds; alembic would log two lines each time.
-    logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
 
     async def close() -> None:
         gc.unfreeze()  # what `settle_memory` hid may be garbage once the app is gone

@@ -23,10 +23,10 @@ from core.engines.registry import import_engine_modules
 from core.model_files import DEFAULT_ENGINE, DEFAULT_MODEL_ID, install_default_model
 from core.models_registry import list_models, register
 from core.settings import Settings, load_settings
+from core.store.connect import open_database
 from core.store.database import Database
 from core.store.recovery import recover
-from handlers.app import create_app
-from infra.db import open_database
+from infra.app import serving_app
 from infra.migrate import upgrade
 from infra.server import serve
 from scheduler.loop import SweeperLoop
@@ -88,4 +88,4 @@ def all_in_one_app() -> Litestar:
         for loop in loops:
             await asyncio.to_thread(loop.stop)
 
-    return create_app(settings, on_startup=[start_sweeper], on_shutdown=[stop_sweeper])
+    return serving_app(settings, on_startup=[start_sweeper], on_shutdown=[stop_sweeper])

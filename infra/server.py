@@ -11,7 +11,7 @@ from __future__ import annotations
 from granian import Granian
 from granian.constants import Interfaces, Loops
 
-APP_FACTORY = "handlers.app:create_app"
+APP_FACTORY = "infra.app:serving_app"
 
 
 def serve(

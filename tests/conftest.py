@@ -10,8 +10,8 @@ import pytest
 
 from core.clock import Clock
 from core.settings import Settings
+from core.store.connect import create_db_engine
 from core.store.database import Database
-from infra.db import create_db_engine
 from infra.migrate import upgrade
 from tests.databases import copy_sqlite, private_pg_database, truncate_all
 

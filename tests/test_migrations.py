@@ -7,7 +7,7 @@ from sqlalchemy import create_engine, text
 
 from core.errors import SchemaMismatch
 from core.settings import Settings
-from infra.db import create_db_engine
+from core.store.connect import create_db_engine
 from infra.migrate import check_schema, head_revision, upgrade
 
 

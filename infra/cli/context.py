@@ -15,8 +15,8 @@ import click
 
 from core.errors import DomainError
 from core.settings import Settings, SettingsError, load_settings
+from core.store.connect import open_database
 from core.store.database import Database
-from infra.db import open_database
 from infra.migrate import check_schema
 
 

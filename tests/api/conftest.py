@@ -11,9 +11,9 @@ import pytest
 from litestar.testing import TestClient
 
 from core.settings import Settings
+from core.store.connect import create_db_engine, open_database
 from core.store.database import Database
-from handlers.app import create_app
-from infra.db import create_db_engine, open_database
+from infra.app import serving_app
 from infra.migrate import upgrade
 from tests.api.helpers import Caller, caller, register_test_model
 from tests.api.served import Service, running_service
@@ -22,7 +22,7 @@ from tests.databases import copy_sqlite, private_pg_database
 
 @pytest.fixture
 def http(settings: Settings) -> Iterator[TestClient[Any]]:
-    with TestClient(create_app(settings)) as client:
+    with TestClient(serving_app(settings)) as client:
         yield client
 
 

@@ -10,8 +10,8 @@ from litestar.testing import TestClient
 
 from core.settings import Settings
 from core.store.database import Database
-from handlers.app import create_app
 from handlers.errors import problem, problem_of
+from infra.app import serving_app
 from tests.api.helpers import Caller, caller
 
 PROBLEM_KEYS = {"type", "title", "status", "detail", "code"}
@@ -51,7 +51,7 @@ def test_schema_violation_names_the_field_without_echoing_values(
 
 def test_body_over_the_limit_is_413(settings: Settings, db: Database, model_id: str) -> None:
     small = settings.model_copy(update={"max_body_bytes": 2048})
-    with TestClient(create_app(small)) as http:
+    with TestClient(serving_app(small)) as http:
         sender = caller(db, http, "responses:create")
         response = sender.post("/v1/responses", content=b"{" + b" " * 4096 + b"}",
                                headers={"Content-Type": "application/json"})

@@ -12,7 +12,7 @@ from litestar.testing import TestClient
 
 from core.settings import Settings
 from core.store.database import Database
-from handlers.app import create_app
+from infra.app import serving_app
 from tests.api.helpers import Caller, caller, complete_due
 
 
@@ -159,7 +159,7 @@ def test_background_false_answers_202_when_the_sync_timeout_passes(
     settings: Settings, db: Database, model_id: str
 ) -> None:
     impatient = settings.model_copy(update={"sync_timeout_seconds": 0.3})
-    with TestClient(create_app(impatient)) as http:
+    with TestClient(serving_app(impatient)) as http:
         answer = create(caller(db, http, "responses:create"), model_id, background=False)
     assert answer.status_code == 202
     assert answer.json()["status"] == "queued"

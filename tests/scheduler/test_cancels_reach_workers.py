@@ -17,9 +17,9 @@ from sqlalchemy import text
 
 from core.settings import Settings
 from core.states import Status
+from core.store.connect import open_database
 from core.store.database import Database
 from core.store.tasks import cancel
-from infra.db import open_database
 from scheduler.loop import SweeperLoop
 from scheduler.workers import Workers
 from tests.scheduler.processes import wait_until

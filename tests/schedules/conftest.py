@@ -10,13 +10,13 @@ from litestar.testing import TestClient
 
 from core.settings import Settings
 from core.store.database import Database
-from handlers.app import create_app
+from infra.app import serving_app
 from tests.schedules.helpers import Caller, caller
 
 
 @pytest.fixture
 def http(settings: Settings) -> Iterator[TestClient[Any]]:
-    with TestClient(create_app(settings)) as client:
+    with TestClient(serving_app(settings)) as client:
         yield client
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from core.cron import MINUTE_MS
 from core.schedule_firing import fire_due_schedules
 from core.settings import Settings
-from infra.db import open_database
+from core.store.connect import open_database
 
 
 def sweep_minutes(url: str, models_dir: Path, start_ms: int, minutes: int, barrier: Barrier,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings
-from infra.db import open_database
+from core.store.connect import open_database
 from tests.scheduler.helpers import streamed_text
 from tests.scheduler.processes import wait_until
 from tests.service.running import (

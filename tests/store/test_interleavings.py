@@ -25,12 +25,12 @@ from core.objects import TERMINAL_EVENTS
 from core.settings import Settings as TaskwardSettings
 from core.states import TERMINAL, OnRestart, Status
 from core.store import claims, completion, new_tasks, tasks, worker_writes
+from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.recovery import expire_leases, recover
 from core.store.transitions import Event
 from core.tables import metadata, task_events
 from core.tables import tasks as tasks_table
-from infra.db import create_db_engine
 
 LEASE_MS = 10_000
 WORKERS = 3

@@ -18,10 +18,10 @@ from core.errors import CancelRequested, Conflict
 from core.idempotency import IdempotencyClaim
 from core.settings import Settings
 from core.store import claims, completion, new_tasks, tasks, worker_writes
+from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.tables import task_events
 from core.tables import tasks as tasks_table
-from infra.db import create_db_engine
 from tests.store.helpers import assert_log_sound
 
 SPAWN = multiprocessing.get_context("spawn")

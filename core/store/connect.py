@@ -1,4 +1,6 @@
-"""Database engines for both stores, configured for taskward's access pattern."""
+"""Engines for both stores, configured for taskward's access pattern, and the `Database`
+over them: the store's one way in, so every dialect setting lives beside the code
+that relies on it (`BEGIN IMMEDIATE` needs the driver's autocommit, WAL the pragmas)."""
 
 from __future__ import annotations
 
