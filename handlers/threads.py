@@ -24,7 +24,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="taskward-store")
-_SQLITE_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskward-sqlite-writer")
+_SINGLE_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskward-single-writer")
 
 
 async def blocking(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -37,6 +37,6 @@ async def writing(
     db: Database, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs
 ) -> T:
     """Like `blocking`, for a call that is one short write transaction on `db`."""
-    pool = _SQLITE_WRITER if db.is_sqlite else _POOL
+    pool = _SINGLE_WRITER if db.single_writer else _POOL
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(pool, functools.partial(function, *args, **kwargs))

@@ -49,7 +49,7 @@ def prepare(settings: Settings) -> Prepared:
     db = open_database(settings)
     try:
         revision = upgrade(db.engine)
-        recovered = recover(db, node_id=None if settings.is_sqlite else settings.node_id)
+        recovered = recover(db, node_id=db.recovery_scope(settings.node_id))
         default_model = _register_default_model(db, settings)
         admin_code = first_start_admin_code(db, settings)
     finally:

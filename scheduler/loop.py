@@ -1,10 +1,22 @@
 """The long-running sweeper: continuous claiming plus maintenance passes on a cron timer.
 
-Claiming runs on its own thread and sleeps on one wake-up event, set by a PostgreSQL
-NOTIFY, by an in-process enqueue, by a freed slot or by the poll timeout, so a new task
-starts within milliseconds of its commit. Maintenance (expired leases, orphaned
-cancels, retention) runs on a second thread at the times `TASKWARD_SWEEP_SCHEDULE`
-names, and once at start so leftovers of a crash are picked up at once.
+Claiming runs on its own thread and sleeps on one wake-up event, so a new task starts
+within milliseconds of its commit. What sets it before the next poll:
+
+- PostgreSQL: `Database.listener`, a LISTEN on `WORK_CHANNEL`; `enqueue` NOTIFYs on
+  commit, so every sweeper on every machine hears within milliseconds.
+- Same process as the API (`taskward run`): `Database.listen`, called after the
+  announcing transaction commits — the only push SQLite has.
+- A freed slot; otherwise the poll timeout (`TASKWARD_POLL_INTERVAL_MS`). Tasks that
+  become due later (`run_at`, retry backoff) announce nothing, so the loop still polls,
+  just less often when a push source exists.
+
+Cancels need no push: the lease keeper asks the store at each tick
+(`scheduler.heartbeat`).
+
+Maintenance (expired leases, orphaned cancels, schedules, retention) runs on a second
+thread at the times `TASKWARD_SWEEP_SCHEDULE` names, and once at start so leftovers of a
+crash are picked up at once.
 
 `stop` is the graceful stop of SPEC section 4: no new claims, running attempts drain
 until `TASKWARD_DRAIN_SECONDS`, what is left is handed back. Every thread started here
@@ -24,7 +36,6 @@ from core.clock import Clock
 from core.settings import Settings
 from core.store.database import WORK_CHANNEL, Database
 from scheduler.sweep import maintain
-from scheduler.wakeups import PgListener
 from scheduler.workers import Workers
 
 log = logging.getLogger(__name__)
@@ -95,7 +106,7 @@ class SweeperLoop:
         self._stopping = threading.Event()
         self._workers: Workers | None = None
         announced = {WORK_CHANNEL: lambda _payload: self._wake.set()}
-        self._listener = None if db.is_sqlite else PgListener(settings.database_url, announced)
+        self._listener = db.listener(announced)
         self._unlisten = (db.listen(WORK_CHANNEL, announced[WORK_CHANNEL])
                           if in_process_wakeups else lambda: None)
         pushed = in_process_wakeups or self._listener is not None

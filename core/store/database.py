@@ -3,7 +3,8 @@
 A write transaction on SQLite starts with `BEGIN IMMEDIATE`, so the write lock is
 taken up front and two writers never deadlock on a lock upgrade; on PostgreSQL a plain
 `BEGIN` plus `FOR UPDATE SKIP LOCKED` in the claim does the same job. Callers never
-branch on the dialect: they ask this module, or `core.store.bulk` for many-row writes.
+branch on the dialect: they ask this module's named abilities (`single_writer`,
+`listener`, `recovery_scope`), or `core.store.bulk` for many-row writes.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, event, text
 
 from core.clock import Clock
+from core.store.listener import PgListener
 
 _WRITE_OPTION = "taskward_write"
 WORK_CHANNEL = "taskward_work"  # payload: none; new work is due
@@ -50,6 +52,25 @@ class Database:
         with self.engine.connect() as conn:
             with conn.begin():
                 yield conn
+
+    @property
+    def single_writer(self) -> bool:
+        """True when the store admits one writer at a time (SQLite): callers that queue
+        writes of their own gain nothing from running more than one at once."""
+        return self.is_sqlite
+
+    def recovery_scope(self, node_id: str, *, all_nodes: bool = False) -> str | None:
+        """The node whose leftover tasks a cold start may recover (None: every task).
+
+        One SQLite file is one machine, so its every task was this node's; PostgreSQL
+        is shared by many nodes, and a node restarting must leave the others' running
+        tasks alone unless the whole service restarts (`--all`)."""
+        return None if self.is_sqlite or all_nodes else node_id
+
+    def listener(self, handlers: Mapping[str, Callable[[str], None]]) -> PgListener | None:
+        """A (not yet started) listener calling `handlers[channel](payload)` for the
+        announcements of every process, or None when the store has no push (SQLite)."""
+        return None if self.is_sqlite else PgListener(self.engine.url, handlers)
 
     def announce_work(self, conn: Connection) -> None:
         """Tell sweepers that new work is due, as part of the transaction `conn`.

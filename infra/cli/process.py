@@ -39,8 +39,8 @@ def recover(all_nodes: bool, as_json: bool) -> None:
     """Cold-start hook: apply each leftover task's restart policy (idempotent)."""
     settings = settings_or_exit()
     with database(settings) as db:
-        scope = None if settings.is_sqlite or all_nodes else settings.node_id
-        counts = recover_tasks(db, node_id=scope)
+        counts = recover_tasks(db, node_id=db.recovery_scope(settings.node_id,
+                                                             all_nodes=all_nodes))
     if as_json:
         emit({"recovered": counts}, as_json=True)
     else:

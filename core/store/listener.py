@@ -1,16 +1,7 @@
-"""What wakes the sweeper before its next poll: new work.
+"""PostgreSQL's push: one LISTEN connection per process, for `Database.listener`.
 
-- PostgreSQL: a LISTEN connection on `WORK_CHANNEL`; `enqueue` NOTIFYs on commit, so
-  every sweeper on every machine hears within milliseconds.
-- Same process as the API (`taskward run`): `Database.listen`, called after the
-  announcing transaction commits — the only push SQLite has.
-- Otherwise the loop polls every `TASKWARD_POLL_INTERVAL_MS`.
-
-Cancels need no push: the lease keeper asks the store at each tick
-(`scheduler.heartbeat`).
-
-Tasks that become due later (`run_at`, retry backoff) announce nothing, so the loop
-still polls, just less often when a push source exists.
+SQLite has no such thing; `Database.listener` says so by returning None, and callers
+poll (or hear their own process's announcements through `Database.listen`).
 """
 
 from __future__ import annotations
@@ -20,7 +11,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 import psycopg
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +25,8 @@ class PgListener:
     handler is called once with an empty payload: something may have been announced
     while nobody listened."""
 
-    def __init__(self, database_url: str, handlers: Mapping[str, Callable[[str], None]]) -> None:
-        url = make_url(database_url).set(drivername="postgresql")
-        self._conninfo = url.render_as_string(hide_password=False)
+    def __init__(self, url: URL, handlers: Mapping[str, Callable[[str], None]]) -> None:
+        self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._handlers = dict(handlers)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pg-listener", daemon=True)
