@@ -13,7 +13,6 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from croniter import croniter
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -21,6 +20,9 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from core.cron import parse_cron
+from core.errors import InvalidInput
 
 ENV_PREFIX = "TASKWARD_"
 TOML_FILE = "taskward.toml"
@@ -72,8 +74,10 @@ class Settings(BaseSettings):
     @field_validator("sweep_schedule")
     @classmethod
     def _cron_parses(cls, value: str) -> str:
-        if not croniter.is_valid(value) or len(value.split()) != 5:
-            raise ValueError("must be a 5-field cron expression")
+        try:
+            parse_cron(value)  # the one meaning of a cron expression, as schedules have
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
         return value
 
     @field_validator("models_dir")

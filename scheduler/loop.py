@@ -27,73 +27,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from datetime import UTC, datetime
 
-from croniter import croniter
-
-from core.clock import Clock
 from core.settings import Settings
 from core.store.database import WORK_CHANNEL, Database
 from scheduler.sweep import maintain
+from scheduler.timer import MaintenanceTimer
 from scheduler.workers import Workers
 
 log = logging.getLogger(__name__)
 
 _PUSHED_POLL_SECONDS = 1.0  # with push wake-ups, polling only finds `run_at` arrivals
 _ERROR_PAUSE_SECONDS = 1.0
-
-
-def next_pass_ms(schedule: str, after_ms: int) -> int:
-    """The first slot of `schedule` (5-field cron, UTC) strictly after `after_ms`."""
-    start = datetime.fromtimestamp(after_ms / 1000, tz=UTC)
-    return int(croniter(schedule, start).get_next(datetime).timestamp() * 1000)
-
-
-class MaintenanceTimer:
-    """Calls `run` once at start and then at every slot of `schedule`.
-
-    Time comes from `clock`; `poll` holds the whole decision, so tests drive it under a
-    frozen clock (freezegun) without the thread, which only polls every `tick_seconds`.
-    """
-
-    def __init__(
-        self, schedule: str, clock: Clock, run: Callable[[], object], *, tick_seconds: float = 1.0
-    ) -> None:
-        self._schedule = schedule
-        self._clock = clock
-        self._run_pass = run
-        self._tick = tick_seconds
-        self._due_ms: int | None = None  # None: the start pass has not run yet
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="maintenance", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def poll(self) -> bool:
-        """Run the pass if it is due; True when it ran. A pass that overran the next
-        slot does not run twice: the following slot is counted from its end."""
-        if self._due_ms is not None and self._clock.now_ms() < self._due_ms:
-            return False
-        self._pass()
-        self._due_ms = next_pass_ms(self._schedule, self._clock.now_ms())
-        return True
-
-    def _run(self) -> None:
-        self.poll()
-        while not self._stop.wait(self._tick):
-            self.poll()
-
-    def _pass(self) -> None:
-        try:
-            self._run_pass()
-        except Exception:  # a failed pass is retried at the next slot, never fatal
-            log.exception("maintenance pass failed")
 
 
 class SweeperLoop:

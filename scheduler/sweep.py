@@ -8,7 +8,8 @@
 
 Every step is safe while other sweepers run (claims skip locked rows, every
 transition is conditional), so `taskward sweep` may overlap a running loop. The loop
-runs the same maintenance steps on its croniter timer and claims continuously instead
+runs the same maintenance steps on its cron timer (`scheduler.timer`) and claims
+continuously instead
 of step 2.
 """
 

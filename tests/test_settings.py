@@ -52,6 +52,17 @@ def test_a_bad_cron_schedule_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
         load_settings()
 
 
+@pytest.mark.parametrize("expr", ["0 0 L * *", "*/5 * 30 2 *", "5/10 * * * *"])
+def test_the_sweep_schedule_means_what_a_schedule_cron_means(
+    monkeypatch: pytest.MonkeyPatch, expr: str
+) -> None:
+    # croniter accepts all three; `core.cron`, which schedules use, refuses them (an
+    # extension, a day that never comes, a Vixie-invalid step), and so do the settings.
+    monkeypatch.setenv("TASKWARD_SWEEP_SCHEDULE", expr)
+    with pytest.raises(SettingsError, match="TASKWARD_SWEEP_SCHEDULE"):
+        load_settings()
+
+
 def test_toml_file_is_read_and_environment_wins(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -9,10 +9,12 @@ from datetime import UTC, datetime
 from freezegun import freeze_time
 
 from core.clock import Clock
+from core.cron import next_slot, parse_cron
 from core.settings import Settings
 from core.states import Status
 from core.store.database import Database
-from scheduler.loop import MaintenanceTimer, SweeperLoop, next_pass_ms
+from scheduler.loop import SweeperLoop
+from scheduler.timer import MaintenanceTimer
 from tests.scheduler.helpers import streamed_text
 from tests.scheduler.processes import wait_until
 from tests.store.helpers import event_types, events_of, new_task, task_row
@@ -20,6 +22,10 @@ from tests.store.helpers import event_types, events_of, new_task, task_row
 
 def ms(text: str) -> int:
     return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
+
+
+def next_pass_ms(schedule: str, after_ms: int) -> int:
+    return next_slot(parse_cron(schedule), after_ms)  # what the timer asks
 
 
 def test_the_next_pass_is_the_first_cron_slot_strictly_after_now() -> None:
