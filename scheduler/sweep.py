@@ -9,8 +9,7 @@
 Every step is safe while other sweepers run (claims skip locked rows, every
 transition is conditional), so `taskward sweep` may overlap a running loop. The loop
 runs the same maintenance steps on its cron timer (`scheduler.timer`) and claims
-continuously instead
-of step 2.
+continuously instead of step 2.
 """
 
 from __future__ import annotations
