@@ -32,11 +32,12 @@ from pathlib import Path
 import httpx
 
 from bench.store import rate
-from core.clients import ADMIN, create_client
+from core.clients import ADMIN
 from core.idempotency import IdempotencyClaim
 from core.models_registry import register
 from core.settings import Settings
 from core.store import new_tasks
+from core.store.clients import create_client
 from core.store.connect import open_database
 from infra.migrate import upgrade
 

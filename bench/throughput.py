@@ -32,10 +32,10 @@ import httpx
 from sqlalchemy import func, select
 
 from bench.store import raw_pg_rate, raw_sqlite_rate
-from core.clients import create_client
 from core.models_registry import register
 from core.settings import Settings
 from core.states import Status
+from core.store.clients import create_client
 from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.new_tasks import NewTask, insert_task

@@ -7,18 +7,9 @@ from typing import Annotated, Any
 from litestar import delete, get, post
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from core.clients import (
-    DEFAULT_SCOPES,
-    SCOPES,
-    client_object,
-    create_pairing_code,
-    list_clients,
-    parse_scopes,
-    redeem_pairing_code,
-    revoke,
-)
+from core.clients import DEFAULT_SCOPES, SCOPES, client_object, parse_scopes
 from core.errors import Forbidden
-from core.store.database import Database
+from core.store.clients import create_pairing_code, list_clients, redeem_pairing_code, revoke
 from handlers.answers import page
 from handlers.auth import PUBLIC_ROUTE, ClientRequest, requires
 from handlers.params import ClientId
@@ -68,13 +59,8 @@ async def new_pairing_code(
 
 @get("/v1/clients", opt=requires("clients:admin"), tags=["clients"])
 async def clients_list(services: Services) -> dict[str, Any]:
-    rows = await blocking(_all_clients, services.db)
+    rows = await blocking(list_clients, services.db)
     return page([client_object(row) for row in rows], None)
-
-
-def _all_clients(db: Database) -> list[Any]:
-    with db.read() as conn:
-        return list_clients(conn)
 
 
 @delete("/v1/clients/{client_id:str}", opt=requires("clients:admin"), tags=["clients"])

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 
-from core.clients import Client, Revocations, authenticate, revocations
+from core.clients import Client
 from core.ids import hash_secret
+from core.store.clients import Revocations, authenticate, revocations
 from core.store.database import Database
 from handlers.threads import blocking
 

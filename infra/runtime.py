@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 from litestar import Litestar
 
-from core.clients import first_start_admin_code
 from core.engines.registry import import_engine_modules
 from core.model_files import DEFAULT_ENGINE, DEFAULT_MODEL_ID, install_default_model
 from core.models_registry import list_models, register
 from core.settings import Settings, load_settings
+from core.store.clients import first_start_admin_code
 from core.store.connect import open_database
 from core.store.database import Database
 from core.store.recovery import recover

@@ -11,21 +11,12 @@ from pathlib import Path
 
 import click
 
-from core.clients import (
-    ADMIN,
-    DEFAULT_CLIENT_NAME,
-    DEFAULT_SCOPES,
-    client_object,
-    create_client,
-    create_pairing_code,
-    list_clients,
-    parse_scopes,
-    revoke,
-)
+from core.clients import ADMIN, DEFAULT_CLIENT_NAME, DEFAULT_SCOPES, client_object, parse_scopes
 from core.model_files import DEFAULT_ENGINE
 from core.models_registry import list_models, register, remove
 from core.objects import model_object, task_object
 from core.states import Status
+from core.store.clients import create_client, create_pairing_code, list_clients, revoke
 from core.store.new_tasks import retry_failed
 from core.store.tasks import cancel, get_task, list_tasks
 from infra.cli.context import emit, store
@@ -65,8 +56,8 @@ def clients() -> None:
 @clients.command("list")
 @_JSON
 def clients_list(as_json: bool) -> None:
-    with store() as (_, db), db.read() as conn:
-        rows = [client_object(row) for row in list_clients(conn)]
+    with store() as (_, db):
+        rows = [client_object(row) for row in list_clients(db)]
     emit(rows, as_json=as_json, columns=("id", "name", "scopes", "created_at", "revoked_at"))
 
 

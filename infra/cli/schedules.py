@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy import Connection
 
-from core.clients import ADMIN, client_object, list_clients
+from core.clients import ADMIN, client_object
 from core.schedules import (
     MAX_CATCH_UP,
     MAX_PAGE,
@@ -23,6 +22,8 @@ from core.schedules import (
     list_schedules,
     schedule_object,
 )
+from core.store.clients import list_clients
+from core.store.database import Database
 from infra.cli.context import emit, store
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
@@ -61,8 +62,7 @@ def schedules_add(cron: str, request_text: str | None, request_file: Path | None
     """Create a schedule; its first slot is the first one after now."""
     request = _request_body(request_text, request_file)
     with store() as (settings, db):
-        with db.read() as conn:
-            owner = _owner(conn, client_id)
+        owner = _owner(db, client_id)
         row = create_schedule(db, settings, owner,
                               {"cron": cron, "request": request, "catch_up": catch_up})
     emit(schedule_object(row), as_json=as_json)
@@ -91,9 +91,9 @@ def _request_body(text: str | None, path: Path | None) -> dict[str, Any]:
     return body
 
 
-def _owner(conn: Connection, client_id: str | None) -> str:
+def _owner(db: Database, client_id: str | None) -> str:
     """The active client the schedule will belong to (its tasks are that client's)."""
-    active = [client_object(row) for row in list_clients(conn) if row.revoked_at is None]
+    active = [client_object(row) for row in list_clients(db) if row.revoked_at is None]
     if client_id is not None:
         if not any(client["id"] == client_id for client in active):
             raise click.ClickException(f"no active client {client_id}: see `taskward clients list`")

@@ -13,11 +13,11 @@ from typing import Any
 
 from litestar.testing import TestClient
 
-from core.clients import create_client
 from core.engines.base import Usage
 from core.models_registry import register
 from core.objects import item_id
 from core.store import claims, completion, worker_writes
+from core.store.clients import create_client
 from core.store.database import Database
 from core.store.transitions import Event
 

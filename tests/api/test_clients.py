@@ -8,15 +8,9 @@ from typing import Any
 from litestar.testing import TestClient
 from sqlalchemy import select
 
-from core.clients import (
-    DEFAULT_SCOPES,
-    MAX_PAIRING_FAILURES,
-    create_client,
-    create_pairing_code,
-    first_start_admin_code,
-    revoke,
-)
+from core.clients import DEFAULT_SCOPES, MAX_PAIRING_FAILURES
 from core.settings import Settings
+from core.store.clients import create_client, create_pairing_code, first_start_admin_code, revoke
 from core.store.database import Database
 from core.tables import clients
 from tests.api.helpers import Caller, caller

@@ -9,9 +9,9 @@ from typing import Any
 from litestar.testing import TestClient
 from sqlalchemy import select, update
 
-from core.clients import create_client
 from core.schedules import create_schedule
 from core.settings import Settings
+from core.store.clients import create_client
 from core.store.database import Database
 from core.tables import schedule_slots, schedules, tasks
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from core.clients import create_client
 from core.settings import Settings
+from core.store.clients import create_client
 from core.store.database import Database
 from infra.cli import main
 

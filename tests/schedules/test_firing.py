@@ -10,12 +10,12 @@ from freezegun import freeze_time
 from sqlalchemy import update
 
 from core import schedule_firing
-from core.clients import create_client, revoke
 from core.clock import iso
 from core.models_registry import register, remove
 from core.schedule_firing import fire_due_schedules
 from core.schedules import delete_schedule, update_schedule
 from core.settings import Settings
+from core.store.clients import create_client, revoke
 from core.store.database import Database
 from core.tables import schedules, tasks
 from scheduler.fire_schedules import fire_due

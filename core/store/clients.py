@@ -1,0 +1,152 @@
+"""Clients and pairing codes in the store (what they are: `core.clients`).
+
+Only hashes of tokens and pairing secrets are stored; every check that compares a
+secret uses `core.ids.same_secret`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
+
+from core.clients import (
+    ADMIN,
+    DEFAULT_CLIENT_NAME,
+    MAX_PAIRING_FAILURES,
+    Client,
+    IssuedCode,
+    IssuedToken,
+    parse_pairing_code,
+    scope_set,
+    scope_text,
+)
+from core.errors import NotFound, Unauthorized
+from core.ids import hash_secret, new_secret, new_token, random_id, same_secret, sortable_id
+from core.settings import Settings
+from core.store.database import Database
+from core.tables import clients, pairing_codes
+
+
+def create_pairing_code(
+    db: Database, *, scopes: frozenset[str], ttl_seconds: float, name: str | None = None
+) -> IssuedCode:
+    """A one-time code that a new client redeems for a token within `ttl_seconds`."""
+    code_id = random_id("pc")
+    secret = new_secret(16)
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        expires_at = now + int(ttl_seconds * 1000)
+        conn.execute(insert(pairing_codes).values(
+            id=code_id, secret_hash=hash_secret(secret), scopes=scope_text(scopes), name=name,
+            created_at=now, expires_at=expires_at, failures=0,
+        ))
+    return IssuedCode(f"{code_id}-{secret}", expires_at, scopes)
+
+
+def redeem_pairing_code(db: Database, code: str, name: str | None = None) -> IssuedToken:
+    """Exchange a valid code for a new client and its token; the code is then spent.
+
+    Unknown, expired, used and burnt codes all fail alike (`invalid_pairing_code`), so a
+    guesser learns nothing. A wrong secret for a known code is counted in the same
+    transaction that decides, and the count is committed even though the call fails.
+    """
+    parsed = parse_pairing_code(code)
+    if parsed is not None:
+        code_id, secret = parsed
+        with db.write() as conn:
+            now = db.clock.now_ms()
+            row = conn.execute(select(pairing_codes).where(pairing_codes.c.id == code_id)).first()
+            if row is not None and same_secret(secret, row.secret_hash):
+                spent = conn.execute(
+                    update(pairing_codes)
+                    .where(pairing_codes.c.id == code_id, pairing_codes.c.used_at.is_(None),
+                           pairing_codes.c.failures < MAX_PAIRING_FAILURES,
+                           pairing_codes.c.expires_at > now)
+                    .values(used_at=now)
+                ).rowcount
+                if spent:
+                    return _insert_client(conn, name or row.name or DEFAULT_CLIENT_NAME,
+                                          scope_set(row.scopes), now)
+            elif row is not None:
+                conn.execute(update(pairing_codes).where(pairing_codes.c.id == code_id)
+                             .values(failures=pairing_codes.c.failures + 1))
+    raise Unauthorized("invalid_pairing_code",
+                       "the pairing code is unknown, expired, already used or burnt")
+
+
+def create_client(db: Database, *, name: str, scopes: frozenset[str]) -> IssuedToken:
+    """A client created directly by an operator (`taskward pair --token`)."""
+    with db.write() as conn:
+        return _insert_client(conn, name, scopes, db.clock.now_ms())
+
+
+def _insert_client(conn: Connection, name: str, scopes: frozenset[str], now: int) -> IssuedToken:
+    client_id = sortable_id("cli", now)
+    token = new_token()
+    conn.execute(insert(clients).values(
+        id=client_id, name=name, token_hash=hash_secret(token), scopes=scope_text(scopes),
+        created_at=now, revoked_at=None,
+    ))
+    return IssuedToken(client_id, token, scopes)
+
+
+# Built once: authentication runs on every request, and building the statement anew
+# costs as much as executing it.
+_CLIENT_BY_TOKEN_HASH = select(
+    clients.c.id, clients.c.name, clients.c.scopes, clients.c.token_hash, clients.c.revoked_at
+).where(clients.c.token_hash == bindparam("token_hash"))
+
+
+def authenticate(conn: Connection, token: str) -> Client:
+    """The active client holding `token`, or `invalid_token` (unknown or revoked)."""
+    row = conn.execute(_CLIENT_BY_TOKEN_HASH, {"token_hash": hash_secret(token)}).first()
+    if row is None or row.revoked_at is not None or not same_secret(token, row.token_hash):
+        raise Unauthorized("invalid_token", "the bearer token is unknown or revoked")
+    return Client(row.id, row.name, scope_set(row.scopes))
+
+
+Revocations = tuple[int, int]
+
+
+def revocations(conn: Connection) -> Revocations:
+    """A marker that grows whenever a client is revoked: (how many are, the latest time).
+
+    Processes that cache authenticated tokens re-read it to learn that their cache may
+    hold a revoked client; clients are never un-revoked, so it never goes back.
+    """
+    row = conn.execute(_REVOCATIONS).one()
+    return (row.revoked, row.latest or 0)
+
+
+_REVOCATIONS = select(func.count(clients.c.revoked_at).label("revoked"),
+                      func.max(clients.c.revoked_at).label("latest"))
+
+
+def list_clients(db: Database) -> list[Row[Any]]:
+    with db.read() as conn:
+        return list(conn.execute(select(clients).order_by(clients.c.id)))
+
+
+def revoke(db: Database, client_id: str) -> None:
+    """Revoke a client's token for good; revoking twice is fine, an unknown id is not."""
+    with db.write() as conn:
+        conn.execute(update(clients)
+                     .where(clients.c.id == client_id, clients.c.revoked_at.is_(None))
+                     .values(revoked_at=db.clock.now_ms()))
+        if conn.execute(select(clients.c.id).where(clients.c.id == client_id)).first() is None:
+            raise NotFound("client_not_found", "no such client")
+
+
+def first_start_admin_code(db: Database, settings: Settings) -> str | None:
+    """A fresh admin pairing code when no active admin client exists, else None.
+
+    `taskward run` prints it at start-up, so a new installation can be taken over
+    by whoever reads the console, and an installed one gives nothing away.
+    """
+    with db.read() as conn:
+        active = conn.execute(select(clients.c.scopes).where(clients.c.revoked_at.is_(None)))
+        if any(ADMIN in scope_set(row.scopes) for row in active):
+            return None
+    return create_pairing_code(db, scopes=frozenset({ADMIN}), name="admin",
+                               ttl_seconds=settings.pairing_code_ttl_seconds).code
