@@ -1,4 +1,5 @@
 """The model registry: entries with verified content digests; files stay on disk.
+The rows are kept by `core.store.models`.
 
 Registering streams the file once for its SHA-256. Before a task uses a model the
 worker calls `verified_model_file`, which re-checks size and digest (cached per
@@ -12,14 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Row, delete, select
+from sqlalchemy import Row
 
 from core.engines.base import EngineError, ModelFile
-from core.errors import Conflict, InvalidInput, NotFound
+from core.errors import InvalidInput
 from core.model_files import resolve_inside, sha256_of
-from core.store.bulk import insert_rows
 from core.store.database import Database
-from core.tables import models
+from core.store.models import find_model, insert_model
 
 _ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-/")
 
@@ -41,34 +41,10 @@ def register(
                            extra={"field": "id"})
     digest = sha256_of(real)
     stored_path = str(real.relative_to(models_dir.resolve()))
-    with db.write() as conn:
-        inserted = insert_rows(conn, models, [
-            {"id": model_id, "engine": engine, "path": stored_path,
-             "size_bytes": real.stat().st_size, "sha256": digest,
-             "created_at": db.clock.now_ms(),
-             "metadata_json": json.dumps(metadata or {}, separators=(",", ":"))},
-        ], skip_conflicts=True, returning=[models.c.id])
-        if not inserted:
-            raise Conflict("model_exists", f"a model with id {model_id!r} is already registered")
-        return get_model(conn, model_id)
-
-
-def get_model(conn: Connection, model_id: str) -> Row[Any]:
-    row = conn.execute(select(models).where(models.c.id == model_id)).first()
-    if row is None:
-        raise NotFound("model_not_found", "no model is registered under that id")
-    return row
-
-
-def list_models(conn: Connection) -> list[Row[Any]]:
-    return list(conn.execute(select(models).order_by(models.c.id)))
-
-
-def remove(db: Database, model_id: str) -> None:
-    """Remove the entry; the file is never deleted."""
-    with db.write() as conn:
-        if conn.execute(delete(models).where(models.c.id == model_id)).rowcount == 0:
-            raise NotFound("model_not_found", "no model is registered under that id")
+    return insert_model(db, {
+        "id": model_id, "engine": engine, "path": stored_path,
+        "size_bytes": real.stat().st_size, "sha256": digest,
+        "metadata_json": json.dumps(metadata or {}, separators=(",", ":"))})
 
 
 def verified_model_file(db: Database, models_dir: Path, model_id: str) -> tuple[str, ModelFile]:
@@ -76,8 +52,7 @@ def verified_model_file(db: Database, models_dir: Path, model_id: str) -> tuple[
 
     Codes: `model_not_found` (entry gone), `model_file_missing`, `model_digest_mismatch`.
     """
-    with db.read() as conn:
-        row = conn.execute(select(models).where(models.c.id == model_id)).first()
+    row = find_model(db, model_id)
     if row is None:
         raise EngineError("model_not_found", "the task's model is no longer registered",
                           retryable=False)

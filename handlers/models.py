@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from core.errors import InvalidInput
 from core.model_files import DEFAULT_ENGINE
-from core.models_registry import get_model, list_models, register, remove
+from core.models_registry import register
 from core.objects import model_object
 from core.store.database import Database
+from core.store.models import get_model, list_models, remove
 from handlers.answers import page
 from handlers.auth import requires
 from handlers.services import Services
@@ -41,23 +42,13 @@ class ModelBody(BaseModel):
 
 @get("/v1/models", opt=requires("models:read"), tags=["models"])
 async def models_list(services: Services) -> dict[str, Any]:
-    rows = await blocking(_all_models, services.db)
+    rows = await blocking(list_models, services.db)
     return page([model_object(row) for row in rows], None)
-
-
-def _all_models(db: Database) -> list[Any]:
-    with db.read() as conn:
-        return list_models(conn)
 
 
 @get("/v1/models/{model_id:path}", opt=requires("models:read"), tags=["models"])
 async def model_show(model_id: str, services: Services) -> dict[str, Any]:
-    return model_object(await blocking(_one_model, services.db, model_id.lstrip("/")))
-
-
-def _one_model(db: Database, model_id: str) -> Any:
-    with db.read() as conn:
-        return get_model(conn, model_id)
+    return model_object(await blocking(get_model, services.db, model_id.lstrip("/")))
 
 
 @post("/v1/models", opt=requires("models:admin"), status_code=201, tags=["models"])

@@ -20,11 +20,12 @@ from litestar import Litestar
 
 from core.engines.registry import import_engine_modules
 from core.model_files import DEFAULT_ENGINE, DEFAULT_MODEL_ID, install_default_model
-from core.models_registry import list_models, register
+from core.models_registry import register
 from core.settings import Settings, load_settings
 from core.store.clients import first_start_admin_code
 from core.store.connect import open_database
 from core.store.database import Database
+from core.store.models import list_models
 from core.store.recovery import recover
 from infra.app import serving_app
 from infra.migrate import upgrade
@@ -59,9 +60,8 @@ def prepare(settings: Settings) -> Prepared:
 
 def _register_default_model(db: Database, settings: Settings) -> str | None:
     """Register the bundled model when the registry is empty, so `/v1/models` is not."""
-    with db.read() as conn:
-        if list_models(conn):
-            return None
+    if list_models(db):
+        return None
     path = install_default_model(settings.models_dir)
     register(db, settings.models_dir, path, model_id=DEFAULT_MODEL_ID, engine=DEFAULT_ENGINE)
     return DEFAULT_MODEL_ID

@@ -13,10 +13,11 @@ import click
 
 from core.clients import ADMIN, DEFAULT_CLIENT_NAME, DEFAULT_SCOPES, client_object, parse_scopes
 from core.model_files import DEFAULT_ENGINE
-from core.models_registry import list_models, register, remove
+from core.models_registry import register
 from core.objects import model_object, task_object
 from core.states import Status
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke
+from core.store.models import list_models, remove
 from core.store.new_tasks import retry_failed
 from core.store.tasks import cancel, get_task, list_tasks
 from infra.cli.context import emit, store
@@ -92,8 +93,8 @@ def models_add(path: str, model_id: str | None, engine: str, as_json: bool) -> N
 @models.command("list")
 @_JSON
 def models_list(as_json: bool) -> None:
-    with store() as (_, db), db.read() as conn:
-        rows = [model_object(row) for row in list_models(conn)]
+    with store() as (_, db):
+        rows = [model_object(row) for row in list_models(db)]
     emit(rows, as_json=as_json, columns=("id", "engine", "path", "size_bytes", "sha256"))
 
 

@@ -12,11 +12,12 @@ from freezegun import freeze_time
 
 from core.engines.base import Chunk, EngineOptions, GenerationRequest, ModelFile
 from core.engines.registry import register_engine
-from core.models_registry import register, remove
+from core.models_registry import register
 from core.settings import Settings
 from core.states import OnRestart, Status
 from core.store import claims, completion
 from core.store.database import Database
+from core.store.models import remove
 from core.store.tasks import cancel, current_response
 from scheduler import leases
 from scheduler.attempt import Attempt, Outcome
