@@ -8,11 +8,11 @@ from litestar import Response, get, post
 
 from core.objects import task_object
 from core.store.new_tasks import retry_failed
+from core.store.tasks import list_tasks
 from handlers.answers import page, task_location
 from handlers.auth import requires
 from handlers.params import Cursor, PageLimit, TaskId
 from handlers.services import Services
-from handlers.tasks import tasks_page
 from handlers.threads import blocking
 
 
@@ -20,7 +20,7 @@ from handlers.threads import blocking
 async def dead_letters_list(
     services: Services, limit: PageLimit = 20, after: Cursor = None
 ) -> dict[str, Any]:
-    rows, cursor = await blocking(tasks_page, services.db, None, dead_lettered=True,
+    rows, cursor = await blocking(list_tasks, services.db, None, dead_lettered=True,
                                   limit=limit, after=after)
     return page([task_object(row) for row in rows], cursor)
 

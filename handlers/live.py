@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +24,6 @@ from core.store.tasks import get_task, log_positions
 from handlers.threads import blocking
 
 log = logging.getLogger("taskward.live")
-_IDS_PER_QUERY = 500
 
 
 @dataclass(eq=False)
@@ -76,19 +74,12 @@ class LiveTail:
                 await self._work.wait()
             polled = list(self._waiters)
             try:
-                positions = await blocking(self._positions, polled)
+                positions = await blocking(log_positions, self._db, polled)
             except Exception:  # a store outage: waiters time out and retry by themselves
                 log.warning("live tail poll failed", exc_info=True)
             else:
                 self._wake(polled, positions)
             await asyncio.sleep(self._interval)
-
-    def _positions(self, task_ids: Sequence[str]) -> dict[str, int]:
-        positions: dict[str, int] = {}
-        with self._db.read() as conn:
-            for start in range(0, len(task_ids), _IDS_PER_QUERY):
-                positions.update(log_positions(conn, task_ids[start:start + _IDS_PER_QUERY]))
-        return positions
 
     def _wake(self, polled: list[str], positions: dict[str, int]) -> None:
         for task_id in polled:
@@ -104,17 +95,12 @@ async def settled(
     """The task once it is finished, or as it stands after `timeout` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    task = await blocking(read_task, db, task_id, owner)
+    task = await blocking(get_task, db, task_id, owner)
     while Status(task.status) not in TERMINAL:
         remaining = deadline - loop.time()
         if remaining <= 0:
             break
         if await tail.wait(task_id, task.last_seq, remaining):
-            task = await blocking(read_task, db, task_id, owner)
+            task = await blocking(get_task, db, task_id, owner)
     return task
 
-
-def read_task(db: Database, task_id: str, owner: str | None) -> Row[Any]:
-    """The task with its response columns, as `owner` may see it (None: any)."""
-    with db.read() as conn:
-        return get_task(conn, task_id, owner)

@@ -25,10 +25,10 @@ from core.idempotency import IdempotencyClaim, parse_key, request_digest
 from core.objects import deleted_object, response_object
 from core.requests import ResponseRequest, new_task
 from core.states import TERMINAL, Status
-from core.store.tasks import cancel, delete_finished
+from core.store.tasks import cancel, delete_finished, get_task
 from handlers.answers import json_bytes, task_location
 from handlers.auth import ClientRequest, requires
-from handlers.live import read_task, settled
+from handlers.live import settled
 from handlers.params import TaskId
 from handlers.services import Services
 from handlers.sse import LastEventId, event_stream, resume_point
@@ -104,7 +104,7 @@ async def show_response(
     if stream:
         return await event_stream(services.db, services.tail, response_id, owner,
                                   resume_point(starting_after, last_event_id))
-    task = await blocking(read_task, services.db, response_id, owner)
+    task = await blocking(get_task, services.db, response_id, owner)
     return Response(response_object(task, task))
 
 

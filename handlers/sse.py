@@ -21,7 +21,7 @@ from core.errors import NotFound
 from core.objects import TERMINAL_EVENTS, event_object
 from core.states import TERMINAL, Status
 from core.store.database import Database
-from core.store.tasks import get_task, read_events
+from core.store.tasks import task_and_events
 from handlers.live import LiveTail
 from handlers.threads import blocking
 
@@ -58,9 +58,7 @@ def read_events_page(
     db: Database, task_id: str, owner: str | None, after: int, limit: int
 ) -> EventsPage:
     """Events after `after` of a task `owner` may see (None: any), as public objects."""
-    with db.read() as conn:
-        task = get_task(conn, task_id, owner)
-        rows = read_events(conn, task_id, after=after, limit=limit)
+    task, rows = task_and_events(db, task_id, owner, after=after, limit=limit)
     return EventsPage([event_object(task, task, row) for row in rows],
                       Status(task.status) in TERMINAL, task.last_seq)
 

@@ -13,7 +13,6 @@ from litestar.response import Stream
 
 from core.objects import task_object
 from core.states import Status
-from core.store.database import Database
 from core.store.tasks import CancelOutcome, cancel, list_tasks
 from handlers.answers import page
 from handlers.auth import ClientRequest, requires
@@ -36,14 +35,9 @@ async def tasks_list(
     after: Cursor = None,
 ) -> dict[str, Any]:
     """Newest first; pass `next_cursor` back as `after` for the next page."""
-    rows, cursor = await blocking(tasks_page, services.db, request.user.owner_filter,
+    rows, cursor = await blocking(list_tasks, services.db, request.user.owner_filter,
                                   status=status, limit=limit, after=after)
     return page([task_object(row) for row in rows], cursor)
-
-
-def tasks_page(db: Database, owner: str | None, **query: Any) -> tuple[list[Any], str | None]:
-    with db.read() as conn:
-        return list_tasks(conn, owner, **query)
 
 
 @get("/v1/tasks/{task_id:str}", opt=requires("tasks:read"), tags=["tasks"])

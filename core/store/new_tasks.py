@@ -22,7 +22,7 @@ from core.objects import response_object
 from core.states import OnRestart, Status
 from core.store.bulk import insert_rows
 from core.store.database import Database
-from core.store.tasks import current_response, get_task
+from core.store.tasks import current_response, task_in
 from core.tables import IS_ACTIVE, idempotency_keys, models, responses, task_events, tasks
 
 
@@ -277,9 +277,9 @@ def _json_bytes(value: Any) -> bytes:
 
 def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
     """A new task with the request of a failed one (the failed one stays as it was);
-    the new task's row, as `get_task` reads it."""
+    the new task's row, as `task_in` reads it."""
     with db.write() as conn:
-        old = get_task(conn, task_id, None)
+        old = task_in(conn, task_id, None)
         if old.status != Status.FAILED:
             raise Conflict("task_not_failed", "only a failed task can be retried")
         created = insert_task(db, conn, NewTask(
@@ -289,4 +289,4 @@ def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
         ), db.clock.now_ms())
         if created is None:
             raise Conflict("dedupe_conflict", "an active task already holds this dedupe key")
-        return get_task(conn, created.id, None)
+        return task_in(conn, created.id, None)

@@ -17,13 +17,15 @@ from core.store.pages import newest_first
 from core.store.transitions import Event, move
 from core.tables import IS_DEAD_LETTER, responses, task_events, tasks
 
+_IDS_PER_QUERY = 500  # bound parameters per statement, well inside both stores' limits
+
 
 def visible(client_id: str | None) -> list[Any]:
     """The `WHERE` that keeps a client to its own tasks (None: an admin sees all)."""
     return [] if client_id is None else [tasks.c.client_id == client_id]
 
 
-# Built once: `get_task` is the API's hottest read, and building a statement anew costs
+# Built once: `task_in` is the API's hottest read, and building a statement anew costs
 # SQLAlchemy about as much as executing it.
 _TASK_WITH_RESPONSE = (
     select(tasks, responses.c.output_text, responses.c.input_tokens, responses.c.output_tokens)
@@ -33,8 +35,14 @@ _TASK_WITH_RESPONSE = (
 _OWN_TASK_WITH_RESPONSE = _TASK_WITH_RESPONSE.where(tasks.c.client_id == bindparam("client_id"))
 
 
-def get_task(conn: Connection, task_id: str, client_id: str | None) -> Row[Any]:
+def get_task(db: Database, task_id: str, client_id: str | None) -> Row[Any]:
     """The task with its response columns; another client's task is `NotFound`."""
+    with db.read() as conn:
+        return task_in(conn, task_id, client_id)
+
+
+def task_in(conn: Connection, task_id: str, client_id: str | None) -> Row[Any]:
+    """`get_task` inside a transaction the caller holds."""
     if client_id is None:
         row = conn.execute(_TASK_WITH_RESPONSE, {"task_id": task_id}).first()
     else:
@@ -47,12 +55,12 @@ def get_task(conn: Connection, task_id: str, client_id: str | None) -> Row[Any]:
 
 def current_response(conn: Connection, task_id: str) -> dict[str, Any]:
     """The response object of a task as it stands now."""
-    row = get_task(conn, task_id, None)
+    row = task_in(conn, task_id, None)
     return response_object(row, row)
 
 
 def list_tasks(
-    conn: Connection,
+    db: Database,
     client_id: str | None,
     *,
     status: Status | None = None,
@@ -66,7 +74,8 @@ def list_tasks(
         query = query.where(tasks.c.status == status.value)
     if dead_lettered:
         query = query.where(IS_DEAD_LETTER)
-    return newest_first(conn, query, tasks.c.id, limit=limit, after=after)
+    with db.read() as conn:
+        return newest_first(conn, query, tasks.c.id, limit=limit, after=after)
 
 
 @dataclass(frozen=True)
@@ -83,11 +92,11 @@ def cancel(db: Database, task_id: str, client_id: str | None) -> CancelOutcome:
         if move(conn, now=now, expected={Status.QUEUED}, where=where, to=Status.CANCELLED,
                 events=[Event("response.cancelled")],
                 values={"finished_at": now, "owner_token": None, "lease_expires_at": None}):
-            return CancelOutcome(200, get_task(conn, task_id, client_id))
+            return CancelOutcome(200, task_in(conn, task_id, client_id))
         if move(conn, now=now, expected={Status.LOADING, Status.RUNNING}, where=where,
                 to=Status.CANCELLING, events=[Event("response.cancelling")]):
-            return CancelOutcome(202, get_task(conn, task_id, client_id))
-        task = get_task(conn, task_id, client_id)
+            return CancelOutcome(202, task_in(conn, task_id, client_id))
+        task = task_in(conn, task_id, client_id)
         if task.status == Status.CANCELLING:
             return CancelOutcome(202, task)
     raise Conflict("task_already_finished", "the task has already finished",
@@ -97,12 +106,22 @@ def cancel(db: Database, task_id: str, client_id: str | None) -> CancelOutcome:
 def delete_finished(db: Database, task_id: str, client_id: str | None) -> None:
     """Remove a finished task with its events and response; an active one is 409."""
     with db.write() as conn:
-        task = get_task(conn, task_id, client_id)
+        task = task_in(conn, task_id, client_id)
         if Status(task.status) not in TERMINAL:
             raise Conflict("task_not_finished", "only a finished response can be deleted")
         conn.execute(delete(task_events).where(task_events.c.task_id == task_id))
         conn.execute(delete(responses).where(responses.c.task_id == task_id))
         conn.execute(delete(tasks).where(tasks.c.id == task_id))
+
+
+def task_and_events(
+    db: Database, task_id: str, client_id: str | None, *, after: int, limit: int
+) -> tuple[Row[Any], list[Row[Any]]]:
+    """The task (as `get_task`) and its events after `after`, read in one snapshot, so
+    the events never run ahead of the task's `last_seq` and status."""
+    with db.read() as conn:
+        return task_in(conn, task_id, client_id), read_events(conn, task_id, after=after,
+                                                             limit=limit)
 
 
 def read_events(
@@ -118,14 +137,20 @@ def read_events(
     )
 
 
-def log_positions(conn: Connection, task_ids: Sequence[str]) -> dict[str, int]:
-    """`last_seq` of each listed task that still exists (one statement for all of them).
+def log_positions(db: Database, task_ids: Sequence[str]) -> dict[str, int]:
+    """`last_seq` of each listed task that still exists (one statement per
+    `_IDS_PER_QUERY` of them, in one snapshot).
 
     The API's live tail polls this for every stream and long-poll of its process at
     once, so following N tasks costs one indexed query per tick, not N.
     """
-    rows = conn.execute(select(tasks.c.id, tasks.c.last_seq).where(tasks.c.id.in_(task_ids)))
-    return {row.id: row.last_seq for row in rows}
+    positions: dict[str, int] = {}
+    with db.read() as conn:
+        for start in range(0, len(task_ids), _IDS_PER_QUERY):
+            rows = conn.execute(select(tasks.c.id, tasks.c.last_seq)
+                                .where(tasks.c.id.in_(task_ids[start:start + _IDS_PER_QUERY])))
+            positions.update((row.id, row.last_seq) for row in rows)
+    return positions
 
 
 def cancelling_among(conn: Connection, task_ids: Sequence[str]) -> set[str]:

@@ -117,8 +117,8 @@ def tasks() -> None:
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 @_JSON
 def tasks_list(status: str | None, limit: int, as_json: bool) -> None:
-    with store() as (_, db), db.read() as conn:
-        rows, _ = list_tasks(conn, None, status=Status(status) if status else None, limit=limit)
+    with store() as (_, db):
+        rows, _ = list_tasks(db, None, status=Status(status) if status else None, limit=limit)
     emit([task_object(row) for row in rows], as_json=as_json, columns=_TASK_COLUMNS)
 
 
@@ -126,8 +126,8 @@ def tasks_list(status: str | None, limit: int, as_json: bool) -> None:
 @click.argument("task_id")
 @_JSON
 def tasks_show(task_id: str, as_json: bool) -> None:
-    with store() as (_, db), db.read() as conn:
-        row = get_task(conn, task_id, None)
+    with store() as (_, db):
+        row = get_task(db, task_id, None)
     emit(task_object(row), as_json=as_json)
 
 
@@ -150,8 +150,8 @@ def dead_letters() -> None:
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 @_JSON
 def dead_letters_list(limit: int, as_json: bool) -> None:
-    with store() as (_, db), db.read() as conn:
-        rows, _ = list_tasks(conn, None, dead_lettered=True, limit=limit)
+    with store() as (_, db):
+        rows, _ = list_tasks(db, None, dead_lettered=True, limit=limit)
     emit([task_object(row) for row in rows], as_json=as_json, columns=_TASK_COLUMNS)
 
 

@@ -187,7 +187,7 @@ def test_progress_appends_events_snapshot_and_text_together(db: Database, model_
     row = task_row(db, claimed.task_id)
     assert row.snapshot_json == '{"pos": 2}' and row.last_seq == 5
     with db.read() as conn:
-        joined = tasks.get_task(conn, claimed.task_id, None)
+        joined = tasks.task_in(conn, claimed.task_id, None)
     assert joined.output_text == "abc" and joined.output_tokens == 2
     assert_log_sound(db, claimed.task_id)
 
@@ -267,7 +267,7 @@ def test_an_attempt_that_completes_after_a_failure_reports_no_error(
     assert (row.status, row.attempts, row.error_code, row.error_message) == (
         "completed", 2, None, None)
     with db.read() as conn:
-        assert task_object(tasks.get_task(conn, again.task_id, None))["error"] is None
+        assert task_object(tasks.task_in(conn, again.task_id, None))["error"] is None
 
 
 def test_a_requeued_task_starts_over_with_empty_output(db: Database, model_id: str) -> None:
