@@ -1,10 +1,7 @@
 """Schedules (SPEC 9): recurring `POST /v1/responses` bodies, defined by their owners.
 
-This module validates and stores definitions; `core.schedule_firing` turns their due
-slots into tasks. Two fields carry the firing state: `checkpoint` (every slot at or
-before it has been handled) and `next_slot_at` (the indexed column the sweeper scans).
-A new or re-timed schedule starts with `checkpoint = now`, so it never fires a slot
-from before it existed or from its previous expression.
+This module validates definitions; `core.store.schedules` keeps them and
+`core.schedule_firing` turns their due slots into tasks.
 """
 
 from __future__ import annotations
@@ -14,17 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import Connection, Row, delete, insert, select, update
+from sqlalchemy import Row
 
 from core.clock import iso
-from core.cron import next_slot, parse_cron
-from core.errors import InvalidInput, NotFound
-from core.ids import sortable_id
+from core.cron import parse_cron
+from core.errors import InvalidInput
 from core.requests import ResponseRequest
 from core.settings import Settings
 from core.store.database import Database
-from core.store.pages import newest_first
-from core.tables import models, schedule_slots, schedules
+from core.store.schedules import change_schedule, insert_schedule, schedules_page
 
 MAX_CATCH_UP = 100
 MAX_PAGE = 100
@@ -77,17 +72,6 @@ def _parse_request(body: Mapping[str, Any], settings: Settings) -> ResponseReque
     return request
 
 
-def _require_model(conn: Connection, model_id: str) -> None:
-    if conn.execute(select(models.c.id).where(models.c.id == model_id)).first() is None:
-        raise InvalidInput("model_not_found", "request.model: no model is registered under that id",
-                           extra={"field": "request.model"})
-
-
-def _visible(client_id: str | None) -> list[Any]:
-    """The `WHERE` that keeps a client to its own schedules (None: an admin sees all)."""
-    return [] if client_id is None else [schedules.c.client_id == client_id]
-
-
 def create_schedule(
     db: Database, settings: Settings, client_id: str, body: Mapping[str, Any]
 ) -> Row[Any]:
@@ -98,16 +82,8 @@ def create_schedule(
         raise _validation_error(exc) from None
     spec = parse_cron(parsed.cron)
     request = _parse_request(parsed.request, settings)
-    with db.write() as conn:
-        _require_model(conn, request.model)
-        now = db.clock.now_ms()
-        schedule_id = sortable_id("sched", now)
-        conn.execute(insert(schedules).values(
-            id=schedule_id, client_id=client_id, cron=spec.expr,
-            request_json=request.stored_json(), catch_up=parsed.catch_up, checkpoint=now,
-            next_slot_at=next_slot(spec, now), created_at=now, updated_at=now,
-        ))
-        return get_schedule(conn, schedule_id, client_id)
+    return insert_schedule(db, client_id, spec, model=request.model,
+                           request_json=request.stored_json(), catch_up=parsed.catch_up)
 
 
 def update_schedule(
@@ -120,49 +96,16 @@ def update_schedule(
     except ValidationError as exc:
         raise _validation_error(exc) from None
     spec = parse_cron(changes.cron) if changes.cron is not None else None
-    with db.write() as conn:
-        current = get_schedule(conn, schedule_id, client_id)
-        now = db.clock.now_ms()
-        values: dict[str, Any] = {"updated_at": now}
-        if changes.catch_up is not None:
-            values["catch_up"] = changes.catch_up
-        if spec is not None and spec.expr != current.cron:
-            values.update(cron=spec.expr, checkpoint=now, next_slot_at=next_slot(spec, now))
-        conn.execute(update(schedules).where(schedules.c.id == schedule_id).values(**values))
-        return get_schedule(conn, schedule_id, client_id)
-
-
-def delete_schedule(db: Database, schedule_id: str, client_id: str | None) -> None:
-    """Stop future slots. Tasks already created keep running and keep their schedule_id;
-    a sweeper firing this schedule right now finds its conditional update gone and
-    creates nothing. The ledger goes too: no slot of this id can come due again."""
-    with db.write() as conn:
-        gone = conn.execute(
-            delete(schedules).where(schedules.c.id == schedule_id, *_visible(client_id))
-        )
-        if gone.rowcount == 0:
-            raise NotFound("schedule_not_found", "no such schedule")
-        conn.execute(delete(schedule_slots).where(schedule_slots.c.schedule_id == schedule_id))
-
-
-def get_schedule(conn: Connection, schedule_id: str, client_id: str | None) -> Row[Any]:
-    """The schedule; another client's is `NotFound`, as if it did not exist."""
-    row = conn.execute(
-        select(schedules).where(schedules.c.id == schedule_id, *_visible(client_id))
-    ).first()
-    if row is None:
-        raise NotFound("schedule_not_found", "no such schedule")
-    return row
+    return change_schedule(db, schedule_id, client_id, spec=spec, catch_up=changes.catch_up)
 
 
 def list_schedules(
-    conn: Connection, client_id: str | None, *, limit: int = 20, after: str | None = None
+    db: Database, client_id: str | None, *, limit: int = 20, after: str | None = None
 ) -> tuple[list[Row[Any]], str | None]:
     """A page of schedules, newest first; the cursor is the last id of the page."""
     if not 1 <= limit <= MAX_PAGE:
         raise _refuse("limit", f"must be between 1 and {MAX_PAGE}")
-    query = select(schedules).where(*_visible(client_id))
-    return newest_first(conn, query, schedules.c.id, limit=limit, after=after)
+    return schedules_page(db, client_id, limit=limit, after=after)
 
 
 def schedule_object(row: Row[Any]) -> dict[str, Any]:

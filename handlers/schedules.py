@@ -12,15 +12,8 @@ from typing import Annotated, Any
 from litestar import Response, delete, get, patch, post
 from litestar.params import Body, Parameter
 
-from core.schedules import (
-    create_schedule,
-    delete_schedule,
-    get_schedule,
-    list_schedules,
-    schedule_object,
-    update_schedule,
-)
-from core.store.database import Database
+from core.schedules import create_schedule, list_schedules, schedule_object, update_schedule
+from core.store.schedules import delete_schedule, get_schedule
 from handlers.answers import page
 from handlers.auth import ClientRequest, requires
 from handlers.params import ID_PATTERN, Cursor, PageLimit
@@ -51,14 +44,9 @@ async def schedules_list(
     request: ClientRequest, services: Services, limit: PageLimit = 20, after: Cursor = None
 ) -> dict[str, Any]:
     """Newest first; pass `next_cursor` back as `after` for the next page."""
-    rows, cursor = await blocking(_page, services.db, request.user.owner_filter, limit, after)
+    rows, cursor = await blocking(list_schedules, services.db, request.user.owner_filter,
+                                  limit=limit, after=after)
     return page([schedule_object(row) for row in rows], cursor)
-
-
-def _page(db: Database, owner: str | None, limit: int,
-          after: str | None) -> tuple[list[Any], str | None]:
-    with db.read() as conn:
-        return list_schedules(conn, owner, limit=limit, after=after)
 
 
 @get("/v1/schedules/{schedule_id:str}", opt=requires(SCOPE), tags=["schedules"])
@@ -66,12 +54,7 @@ async def schedule_show(
     request: ClientRequest, schedule_id: ScheduleId, services: Services
 ) -> dict[str, Any]:
     return schedule_object(
-        await blocking(_one, services.db, schedule_id, request.user.owner_filter))
-
-
-def _one(db: Database, schedule_id: str, owner: str | None) -> Any:
-    with db.read() as conn:
-        return get_schedule(conn, schedule_id, owner)
+        await blocking(get_schedule, services.db, schedule_id, request.user.owner_filter))
 
 
 @patch("/v1/schedules/{schedule_id:str}", opt=requires(SCOPE), tags=["schedules"])

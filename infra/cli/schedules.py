@@ -14,16 +14,10 @@ from typing import Any
 import click
 
 from core.clients import ADMIN, client_object
-from core.schedules import (
-    MAX_CATCH_UP,
-    MAX_PAGE,
-    create_schedule,
-    delete_schedule,
-    list_schedules,
-    schedule_object,
-)
+from core.schedules import MAX_CATCH_UP, MAX_PAGE, create_schedule, list_schedules, schedule_object
 from core.store.clients import list_clients
 from core.store.database import Database
+from core.store.schedules import delete_schedule
 from infra.cli.context import emit, store
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
@@ -41,8 +35,8 @@ def schedules() -> None:
 @_JSON
 def schedules_list(client_id: str | None, limit: int, as_json: bool) -> None:
     """Newest first."""
-    with store() as (_, db), db.read() as conn:
-        rows, _ = list_schedules(conn, client_id, limit=limit)
+    with store() as (_, db):
+        rows, _ = list_schedules(db, client_id, limit=limit)
     emit([schedule_object(row) for row in rows], as_json=as_json, columns=_COLUMNS)
 
 

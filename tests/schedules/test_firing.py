@@ -13,11 +13,12 @@ from core import schedule_firing
 from core.clock import iso
 from core.models_registry import register
 from core.schedule_firing import fire_due_schedules
-from core.schedules import delete_schedule, update_schedule
+from core.schedules import update_schedule
 from core.settings import Settings
 from core.store.clients import create_client, revoke
 from core.store.database import Database
 from core.store.models import remove
+from core.store.schedules import delete_schedule
 from core.tables import schedules, tasks
 from scheduler.fire_schedules import fire_due
 from tests.schedules.helpers import (
