@@ -54,8 +54,7 @@ class _Snapshot(Collector):
 
 def _exposition(db: Database) -> bytes:
     now = db.clock.now_ms()
-    with db.read() as conn:
-        stats = queue_stats(conn, now)
+    stats = queue_stats(db, now)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(stats, now))
     return generate_latest(registry)

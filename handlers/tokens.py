@@ -36,12 +36,12 @@ class TokenCache:
         now = time.monotonic()
         if now - self._checked_at >= self._recheck:
             self._checked_at = now
-            self._saw(await blocking(self._read_revocations))
+            self._saw(await blocking(revocations, self._db))
         key = hash_secret(token)
         cached = self._entries.get(key)
         if cached is not None and cached[1] == self._newest:
             return cached[0]
-        client, marker = await blocking(self._lookup, token)
+        client, marker = await blocking(authenticate, self._db, token)
         self._saw(marker)
         if marker == self._newest:
             if len(self._entries) >= _MAX_ENTRIES:
@@ -57,13 +57,3 @@ class TokenCache:
     def _saw(self, marker: Revocations) -> None:
         self._newest = max(self._newest, marker)
 
-    def _read_revocations(self) -> Revocations:
-        with self._db.read() as conn:
-            return revocations(conn)
-
-    def _lookup(self, token: str) -> tuple[Client, Revocations]:
-        # The marker first: a revocation committed between the two reads then leaves
-        # the entry tagged with the older marker, which the next recheck outdates.
-        with self._db.read() as conn:
-            marker = revocations(conn)
-            return authenticate(conn, token), marker

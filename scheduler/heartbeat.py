@@ -72,8 +72,7 @@ class LeaseKeeper:
         if not held:
             return set()
         try:
-            with self._db.read() as conn:
-                return cancelling_among(conn, [attempt.task_id for attempt in held])
+            return cancelling_among(self._db, [attempt.task_id for attempt in held])
         except Exception:  # noqa: BLE001  an unreachable store: the renewals report it
             return set()
 

@@ -98,23 +98,33 @@ _CLIENT_BY_TOKEN_HASH = select(
 ).where(clients.c.token_hash == bindparam("token_hash"))
 
 
-def authenticate(conn: Connection, token: str) -> Client:
-    """The active client holding `token`, or `invalid_token` (unknown or revoked)."""
-    row = conn.execute(_CLIENT_BY_TOKEN_HASH, {"token_hash": hash_secret(token)}).first()
-    if row is None or row.revoked_at is not None or not same_secret(token, row.token_hash):
-        raise Unauthorized("invalid_token", "the bearer token is unknown or revoked")
-    return Client(row.id, row.name, scope_set(row.scopes))
-
-
 Revocations = tuple[int, int]
 
 
-def revocations(conn: Connection) -> Revocations:
+def authenticate(db: Database, token: str) -> tuple[Client, Revocations]:
+    """The active client holding `token`, or `invalid_token` (unknown or revoked), with
+    the `revocations` marker read before it in the same snapshot: a revocation committed
+    between the two reads then leaves the caller with the older marker, which its next
+    recheck outdates."""
+    with db.read() as conn:
+        marker = _revocations(conn)
+        row = conn.execute(_CLIENT_BY_TOKEN_HASH, {"token_hash": hash_secret(token)}).first()
+    if row is None or row.revoked_at is not None or not same_secret(token, row.token_hash):
+        raise Unauthorized("invalid_token", "the bearer token is unknown or revoked")
+    return Client(row.id, row.name, scope_set(row.scopes)), marker
+
+
+def revocations(db: Database) -> Revocations:
     """A marker that grows whenever a client is revoked: (how many are, the latest time).
 
     Processes that cache authenticated tokens re-read it to learn that their cache may
     hold a revoked client; clients are never un-revoked, so it never goes back.
     """
+    with db.read() as conn:
+        return _revocations(conn)
+
+
+def _revocations(conn: Connection) -> Revocations:
     row = conn.execute(_REVOCATIONS).one()
     return (row.revoked, row.latest or 0)
 

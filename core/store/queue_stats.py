@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, bindparam, func, select
 
 from core.states import ACTIVE, Status
+from core.store.database import Database
 from core.tables import IS_ACTIVE, IS_DEAD_LETTER, IS_LEASED, IS_QUEUED, tasks
 
 
@@ -33,8 +34,13 @@ _EXPIRED = (select(func.count()).select_from(tasks)
 _DEAD = select(func.count()).select_from(tasks).where(IS_DEAD_LETTER)
 
 
-def queue_stats(conn: Connection, now: int) -> QueueStats:
-    """The figures as of `now`, read in the caller's (read) transaction."""
+def queue_stats(db: Database, now: int) -> QueueStats:
+    """The figures as of `now`, read in one snapshot."""
+    with db.read() as conn:
+        return _read(conn, now)
+
+
+def _read(conn: Connection, now: int) -> QueueStats:
     counted = {Status(status): count for status, count in conn.execute(_BY_STATUS)}
     due, oldest = conn.execute(_DUE, {"now": now}).one()
     return QueueStats(

@@ -153,7 +153,8 @@ def log_positions(db: Database, task_ids: Sequence[str]) -> dict[str, int]:
     return positions
 
 
-def cancelling_among(conn: Connection, task_ids: Sequence[str]) -> set[str]:
+def cancelling_among(db: Database, task_ids: Sequence[str]) -> set[str]:
     """Which of `task_ids` are `cancelling` now (one statement for all of them)."""
-    return set(conn.execute(select(tasks.c.id).where(
-        tasks.c.id.in_(task_ids), tasks.c.status == Status.CANCELLING.value)).scalars())
+    with db.read() as conn:
+        return set(conn.execute(select(tasks.c.id).where(
+            tasks.c.id.in_(task_ids), tasks.c.status == Status.CANCELLING.value)).scalars())

@@ -63,8 +63,7 @@ def full_scans(db: Database, statement: Statement) -> list[str]:
 
 def cancel_check(db: Database) -> set[str]:
     """The lease keeper's question on SQLite, asked every tick while it holds tasks."""
-    with db.read() as conn:
-        return cancelling_among(conn, ["resp_a", "resp_b"])
+    return cancelling_among(db, ["resp_a", "resp_b"])
 
 
 SWEEPER_STEPS: dict[str, Callable[[Database], object]] = {
@@ -103,8 +102,8 @@ def test_the_index_predicates_name_exactly_the_state_sets_of_the_state_machine()
 def test_the_metrics_read_never_scans_the_tasks_table(db: Database, model_id: str) -> None:
     for _ in range(3):
         new_task(db, model_id)
-    with captured(db) as statements, db.read() as conn:
-        queue_stats(conn, db.clock.now_ms())
+    with captured(db) as statements:
+        queue_stats(db, db.clock.now_ms())
     assert len(statements) == 4
     for statement in statements:
         assert full_scans(db, statement) == [], statement[0]
