@@ -3,7 +3,7 @@
 Looking a token up in the store on every request costs a thread hop and a round trip,
 more than the rest of a `GET /v1/tasks/{id}` together. The cache keeps each answer,
 keyed by the token's hash and tagged with the store's revocation marker
-(`core.clients.revocations`) read in the same transaction. An entry counts only while
+(`core.store.clients.revocations`) read in the same transaction. An entry counts only while
 that marker is still the newest one seen, and the marker is re-read at most every
 `recheck_seconds` by whichever request finds it stale. So a revocation made by any
 process is honoured here within `recheck_seconds`, and at once in the process that made
