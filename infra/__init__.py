@@ -1,1 +1,1 @@
-"""Wiring: database engines, migrations, the cold-start hook, the CLI and deployment."""
+"""Wiring: the served app, migrations, the cold-start hook, the CLI and deployment."""

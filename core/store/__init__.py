@@ -1,2 +1,5 @@
-"""Store operations: every state change of a task is one transaction, fenced where
-SPEC section 4 says, on SQLite and PostgreSQL alike (`database` hides the difference)."""
+"""The one place that talks to a database: every statement taskward runs is a named
+function here, each state change of a task one transaction, fenced where SPEC section 4
+says, on SQLite and PostgreSQL alike (`database` hides the difference behind named
+abilities; `connect` opens it). The modules beside `core/store` decide what to write;
+these write it."""
