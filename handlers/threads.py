@@ -5,9 +5,10 @@ drivers). Running them off the event loop keeps streams, long-polls and other re
 moving while one transaction waits on a lock or an fsync.
 
 Reads share a small pool: SQLAlchemy spends most of a point read in Python, so more
-threads only fight over the GIL (measured: 8 beat 16). Hot writes to SQLite (`writing`)
-get ONE thread per process: SQLite admits one writer at a time anyway, and a write
-waiting for its turn then occupies that thread, not one the reads need.
+threads only fight over the GIL (measured: 8 beat 16). Hot writes (`writing`) to a
+store that admits one writer at a time (`Database.single_writer`: SQLite) get ONE
+thread per process: a write waiting for its turn then occupies that thread, not one
+the reads need.
 """
 
 from __future__ import annotations
