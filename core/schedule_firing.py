@@ -170,7 +170,7 @@ def _write(db: Database, plans: Sequence[_Plan], now: int, horizon: int) -> tupl
                         "schedule %s: %d slot(s) skipped, no task created: %s",
                         plan.schedule_id, len(plan.slots), plan.problem)
         firing = {(p.schedule_id, s): p.task for p in won if p.task for s in p.slots}
-        recorded = sorted(record_slots(db, conn, firing, now))
+        recorded = sorted(record_slots(conn, firing, now))
         created = insert_tasks(db, conn, [replace(firing[key], run_at=key[1])
                                           for key in recorded], now)
         made = [(key, None if task is None else task.id)

@@ -124,7 +124,7 @@ def forget_slots(conn: Connection, schedule_ids: Collection[str], *, before: int
 
 
 def record_slots(
-    db: Database, conn: Connection, slots: Iterable[tuple[str, int]], now: int
+    conn: Connection, slots: Iterable[tuple[str, int]], now: int
 ) -> set[tuple[str, int]]:
     """Enter slots in the ledger; only the ones not there before come back.
 
