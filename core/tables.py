@@ -1,14 +1,26 @@
-"""The schema, as SQLModel tables. Alembic migrations in `infra/migrations` mirror it.
+"""The schema, as SQLAlchemy Core tables. Alembic migrations in `infra/migrations` mirror it.
 
 Times are UTC epoch milliseconds (BIGINT) from `core.clock`; JSON payloads are TEXT
-written by us, so both stores read them the same way. Store operations use the
-`__table__` objects with SQLAlchemy Core, where every `WHERE` stays visible.
+written by us, so both stores read them the same way. Store operations use these
+tables with SQLAlchemy Core, where every `WHERE` stays visible; nothing reads rows
+through an ORM class, so the schema is declared as plain `Table`s (they were SQLModel
+classes used only for their `__table__`, which the type checker could not see).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, String, Text, TextClause, text
-from sqlmodel import Field, SQLModel
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TextClause,
+    text,
+)
 
 _QUEUED_SQL = "status = 'queued'"
 _ACTIVE_SQL = "status IN ('queued', 'loading', 'running', 'cancelling')"
@@ -30,167 +42,148 @@ IS_TERMINAL: TextClause = text(_TERMINAL_SQL)
 IS_DEAD_LETTER: TextClause = text(_DEAD_SQL)
 
 
-def _ms(nullable: bool = False, index: bool = False) -> object:
-    return Field(sa_column=Column(BigInteger, nullable=nullable, index=index))
+def _ms(name: str, nullable: bool = False, index: bool = False) -> Column[int]:
+    """A time column: UTC epoch milliseconds from the clock object."""
+    return Column(name, BigInteger, nullable=nullable, index=index)
 
 
-class ServiceConfig(SQLModel, table=True):
-    """Service identity and settings that must survive restarts (key/value)."""
-
-    __tablename__ = "service_config"
-    key: str = Field(sa_column=Column(String(64), primary_key=True))
-    value: str = Field(sa_column=Column(Text, nullable=False))
+def _partial(name: str, *columns: str, where: str, unique: bool = False) -> Index:
+    """An index over the rows `where` holds, on both stores alike."""
+    return Index(name, *columns, unique=unique, sqlite_where=text(where),
+                 postgresql_where=text(where))
 
 
-class ClientRow(SQLModel, table=True):
-    __tablename__ = "clients"
-    id: str = Field(sa_column=Column(String(40), primary_key=True))
-    name: str = Field(sa_column=Column(String(200), nullable=False))
-    token_hash: str = Field(sa_column=Column(String(64), nullable=False, unique=True))
-    scopes: str = Field(sa_column=Column(Text, nullable=False))  # space separated
-    created_at: int = _ms()
-    revoked_at: int | None = _ms(nullable=True)
+metadata = MetaData()
 
+# Service identity and settings that must survive restarts (key/value).
+service_config = Table(
+    "service_config", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
 
-class PairingCodeRow(SQLModel, table=True):
-    """One-time pairing codes: `<id>-<secret>`, only the secret's hash is kept."""
+clients = Table(
+    "clients", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("scopes", Text, nullable=False),  # space separated
+    _ms("created_at"),
+    _ms("revoked_at", nullable=True),
+)
 
-    __tablename__ = "pairing_codes"
-    id: str = Field(sa_column=Column(String(40), primary_key=True))
-    secret_hash: str = Field(sa_column=Column(String(64), nullable=False))
-    scopes: str = Field(sa_column=Column(Text, nullable=False))
-    name: str | None = Field(sa_column=Column(String(200), nullable=True))
-    created_at: int = _ms()
-    expires_at: int = _ms(index=True)
-    failures: int = Field(sa_column=Column(Integer, nullable=False, server_default="0"))
-    used_at: int | None = _ms(nullable=True)
+# One-time pairing codes: `<id>-<secret>`, only the secret's hash is kept.
+pairing_codes = Table(
+    "pairing_codes", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("secret_hash", String(64), nullable=False),
+    Column("scopes", Text, nullable=False),
+    Column("name", String(200), nullable=True),
+    _ms("created_at"),
+    _ms("expires_at", index=True),
+    Column("failures", Integer, nullable=False, server_default="0"),
+    _ms("used_at", nullable=True),
+)
 
+models = Table(
+    "models", metadata,
+    Column("id", String(200), primary_key=True),
+    Column("engine", String(64), nullable=False),
+    Column("path", Text, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    _ms("created_at"),
+    Column("metadata", Text, key="metadata_json", nullable=False),
+)
 
-class ModelRow(SQLModel, table=True):
-    __tablename__ = "models"
-    id: str = Field(sa_column=Column(String(200), primary_key=True))
-    engine: str = Field(sa_column=Column(String(64), nullable=False))
-    path: str = Field(sa_column=Column(Text, nullable=False))
-    size_bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
-    sha256: str = Field(sa_column=Column(String(64), nullable=False))
-    created_at: int = _ms()
-    metadata_json: str = Field(
-        sa_column=Column("metadata", Text, key="metadata_json", nullable=False))
+tasks = Table(
+    "tasks", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("client_id", String(40), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("on_restart", String(8), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    _ms("created_at"),
+    _ms("updated_at"),
+    _ms("run_at"),
+    _ms("started_at", nullable=True),
+    _ms("finished_at", nullable=True),
+    Column("owner_token", String(40), nullable=True),
+    _ms("lease_expires_at", nullable=True),
+    Column("node_id", String(200), nullable=True),
+    Column("last_seq", Integer, nullable=False),
+    Column("dedupe_key", String(255), nullable=True),
+    Column("error_code", String(64), nullable=True),
+    Column("error_message", String(500), nullable=True),
+    Column("dead_lettered", Integer, nullable=False, server_default="0"),
+    Column("metadata", Text, key="metadata_json", nullable=False),
+    Column("request", Text, key="request_json", nullable=False),
+    Column("snapshot", Text, key="snapshot_json", nullable=True),
+    Column("schedule_id", String(40), nullable=True),
+    Column("retry_of", String(40), nullable=True),
+    _partial("ix_tasks_due", "run_at", "id", where=_QUEUED_SQL),
+    _partial("ix_tasks_leases", "lease_expires_at", where=_LEASED_SQL),
+    Index("ix_tasks_client", "client_id", "id"),
+    _partial("ix_tasks_node", "node_id", where=_ACTIVE_SQL),
+    _partial("ix_tasks_finished", "finished_at", where=_TERMINAL_SQL),
+    _partial("ix_tasks_dead", "id", where=_DEAD_SQL),
+    _partial("ux_tasks_dedupe", "client_id", "dedupe_key", unique=True,
+             where=f"dedupe_key IS NOT NULL AND {_ACTIVE_SQL}"),
+)
 
+# The response a task builds: output text so far and usage.
+responses = Table(
+    "responses", metadata,
+    Column("task_id", String(40), primary_key=True),
+    Column("output_text", Text, nullable=False, server_default=""),
+    Column("input_tokens", Integer, nullable=False, server_default="0"),
+    Column("output_tokens", Integer, nullable=False, server_default="0"),
+    _ms("updated_at"),
+)
 
-class TaskRow(SQLModel, table=True):
-    __tablename__ = "tasks"
-    __table_args__ = (
-        Index("ix_tasks_due", "run_at", "id", sqlite_where=text(_QUEUED_SQL),
-              postgresql_where=text(_QUEUED_SQL)),
-        Index("ix_tasks_leases", "lease_expires_at", sqlite_where=text(_LEASED_SQL),
-              postgresql_where=text(_LEASED_SQL)),
-        Index("ix_tasks_client", "client_id", "id"),
-        Index("ix_tasks_node", "node_id", sqlite_where=text(_ACTIVE_SQL),
-              postgresql_where=text(_ACTIVE_SQL)),
-        Index("ix_tasks_finished", "finished_at", sqlite_where=text(_TERMINAL_SQL),
-              postgresql_where=text(_TERMINAL_SQL)),
-        Index("ix_tasks_dead", "id", sqlite_where=text(_DEAD_SQL),
-              postgresql_where=text(_DEAD_SQL)),
-        Index("ux_tasks_dedupe", "client_id", "dedupe_key", unique=True,
-              sqlite_where=text(f"dedupe_key IS NOT NULL AND {_ACTIVE_SQL}"),
-              postgresql_where=text(f"dedupe_key IS NOT NULL AND {_ACTIVE_SQL}")),
-    )
-    id: str = Field(sa_column=Column(String(40), primary_key=True))
-    client_id: str = Field(sa_column=Column(String(40), nullable=False))
-    model: str = Field(sa_column=Column(String(200), nullable=False))
-    status: str = Field(sa_column=Column(String(16), nullable=False))
-    on_restart: str = Field(sa_column=Column(String(8), nullable=False))
-    attempts: int = Field(sa_column=Column(Integer, nullable=False))
-    max_attempts: int = Field(sa_column=Column(Integer, nullable=False))
-    created_at: int = _ms()
-    updated_at: int = _ms()
-    run_at: int = _ms()
-    started_at: int | None = _ms(nullable=True)
-    finished_at: int | None = _ms(nullable=True)
-    owner_token: str | None = Field(sa_column=Column(String(40), nullable=True))
-    lease_expires_at: int | None = _ms(nullable=True)
-    node_id: str | None = Field(sa_column=Column(String(200), nullable=True))
-    last_seq: int = Field(sa_column=Column(Integer, nullable=False))
-    dedupe_key: str | None = Field(sa_column=Column(String(255), nullable=True))
-    error_code: str | None = Field(sa_column=Column(String(64), nullable=True))
-    error_message: str | None = Field(sa_column=Column(String(500), nullable=True))
-    dead_lettered: int = Field(sa_column=Column(Integer, nullable=False, server_default="0"))
-    metadata_json: str = Field(
-        sa_column=Column("metadata", Text, key="metadata_json", nullable=False))
-    request_json: str = Field(sa_column=Column("request", Text, key="request_json", nullable=False))
-    snapshot_json: str | None = Field(
-        sa_column=Column("snapshot", Text, key="snapshot_json", nullable=True))
-    schedule_id: str | None = Field(sa_column=Column(String(40), nullable=True))
-    retry_of: str | None = Field(sa_column=Column(String(40), nullable=True))
+# Append-only per-task log. `data` holds the event's own fields; `type`,
+# `sequence_number` and the lifecycle `response` are added when it is read.
+task_events = Table(
+    "task_events", metadata,
+    Column("task_id", String(40), primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("type", String(64), nullable=False),
+    _ms("created_at"),
+    Column("data", Text, nullable=False),
+)
 
+idempotency_keys = Table(
+    "idempotency_keys", metadata,
+    Column("client_id", String(40), primary_key=True),
+    Column("key", String(255), primary_key=True),
+    Column("request_digest", String(64), nullable=False),
+    Column("status_code", Integer, nullable=False),
+    Column("body", Text, nullable=False),
+    Column("task_id", String(40), nullable=False),
+    _ms("created_at"),
+    _ms("expires_at", index=True),
+)
 
-class ResponseRow(SQLModel, table=True):
-    """The response a task builds: output text so far and usage."""
+schedules = Table(
+    "schedules", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("client_id", String(40), nullable=False, index=True),
+    Column("cron", String(200), nullable=False),
+    Column("request", Text, key="request_json", nullable=False),
+    Column("catch_up", Integer, nullable=False),
+    _ms("checkpoint"),  # every slot <= checkpoint has been handled
+    _ms("next_slot_at", index=True),
+    _ms("created_at"),
+    _ms("updated_at"),
+)
 
-    __tablename__ = "responses"
-    task_id: str = Field(sa_column=Column(String(40), primary_key=True))
-    output_text: str = Field(sa_column=Column(Text, nullable=False, server_default=""))
-    input_tokens: int = Field(sa_column=Column(Integer, nullable=False, server_default="0"))
-    output_tokens: int = Field(sa_column=Column(Integer, nullable=False, server_default="0"))
-    updated_at: int = _ms()
-
-
-class TaskEventRow(SQLModel, table=True):
-    """Append-only per-task log. `data` holds the event's own fields; `type`,
-    `sequence_number` and the lifecycle `response` are added when it is read."""
-
-    __tablename__ = "task_events"
-    task_id: str = Field(sa_column=Column(String(40), primary_key=True))
-    seq: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
-    type: str = Field(sa_column=Column(String(64), nullable=False))
-    created_at: int = _ms()
-    data: str = Field(sa_column=Column(Text, nullable=False))
-
-
-class IdempotencyKeyRow(SQLModel, table=True):
-    __tablename__ = "idempotency_keys"
-    client_id: str = Field(sa_column=Column(String(40), primary_key=True))
-    key: str = Field(sa_column=Column(String(255), primary_key=True))
-    request_digest: str = Field(sa_column=Column(String(64), nullable=False))
-    status_code: int = Field(sa_column=Column(Integer, nullable=False))
-    body: str = Field(sa_column=Column(Text, nullable=False))
-    task_id: str = Field(sa_column=Column(String(40), nullable=False))
-    created_at: int = _ms()
-    expires_at: int = _ms(index=True)
-
-
-class ScheduleRow(SQLModel, table=True):
-    __tablename__ = "schedules"
-    id: str = Field(sa_column=Column(String(40), primary_key=True))
-    client_id: str = Field(sa_column=Column(String(40), nullable=False, index=True))
-    cron: str = Field(sa_column=Column(String(200), nullable=False))
-    request_json: str = Field(sa_column=Column("request", Text, key="request_json", nullable=False))
-    catch_up: int = Field(sa_column=Column(Integer, nullable=False))
-    checkpoint: int = _ms()  # every slot <= checkpoint has been handled
-    next_slot_at: int = _ms(index=True)
-    created_at: int = _ms()
-    updated_at: int = _ms()
-
-
-class ScheduleSlotRow(SQLModel, table=True):
-    """Ledger: one row per fired slot, unique, so a slot yields at most one task."""
-
-    __tablename__ = "schedule_slots"
-    schedule_id: str = Field(sa_column=Column(String(40), primary_key=True))
-    slot_at: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
-    task_id: str = Field(sa_column=Column(String(40), nullable=False))
-    created_at: int = _ms()
-
-
-metadata = SQLModel.metadata
-service_config = ServiceConfig.__table__
-clients = ClientRow.__table__
-pairing_codes = PairingCodeRow.__table__
-models = ModelRow.__table__
-tasks = TaskRow.__table__
-responses = ResponseRow.__table__
-task_events = TaskEventRow.__table__
-idempotency_keys = IdempotencyKeyRow.__table__
-schedules = ScheduleRow.__table__
-schedule_slots = ScheduleSlotRow.__table__
+# Ledger: one row per fired slot, unique, so a slot yields at most one task.
+schedule_slots = Table(
+    "schedule_slots", metadata,
+    Column("schedule_id", String(40), primary_key=True),
+    Column("slot_at", BigInteger, primary_key=True, autoincrement=False),
+    Column("task_id", String(40), nullable=False),
+    _ms("created_at"),
+)
