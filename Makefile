@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-slow lint bench
+.PHONY: install run test test-slow lint typecheck bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test-slow: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+# What is checked and how strictly is in pyproject.toml ([tool.mypy]).
+typecheck: install
+	$(VENV)/bin/mypy
 
 # Every figure of docs/benchmarks.md, each script beside its peer (~25 minutes).
 bench: install

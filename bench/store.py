@@ -44,7 +44,7 @@ from tests.databases import private_pg_database
 GROUP = 16
 
 
-def rate(count: int, work: Callable[[int], None]) -> float:
+def rate(count: int, work: Callable[[int], object]) -> float:
     start = time.perf_counter()
     for i in range(count):
         work(i)

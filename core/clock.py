@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import overload
 
 
 class Clock:
@@ -15,6 +16,12 @@ class Clock:
         return int(time.time() * 1000)
 
 
+@overload
+def iso(ms: int) -> str: ...
+@overload
+def iso(ms: None) -> None: ...
+@overload
+def iso(ms: int | None) -> str | None: ...
 def iso(ms: int | None) -> str | None:
     """RFC 3339 UTC with milliseconds, or None."""
     if ms is None:

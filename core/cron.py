@@ -48,7 +48,7 @@ _MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "
 _MONTHS = {name: i for i, name in enumerate(_MONTH_NAMES, start=1)}
 _DAYS = {name: i for i, name in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))}
 # (name, lowest, highest, names): day of week runs to 7 because 7 is Sunday, as in Vixie.
-_FIELDS = (
+_FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
     ("minute", 0, 59, {}),
     ("hour", 0, 23, {}),
     ("day of month", 1, 31, {}),

@@ -7,12 +7,17 @@ records store it, and the sweeper's events must agree with what the API shows.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Row
 
 from core.clock import iso
 from core.states import PUBLIC_STATUS, TERMINAL, Status
+
+# A task or response as the store gives it: a row read back, or the namespace
+# `core.store.new_tasks` builds for a task it has just inserted without reading it.
+Record = Row[Any] | SimpleNamespace
 
 LIFECYCLE_STATUS: dict[str, Status] = {
     "response.created": Status.QUEUED,
@@ -34,13 +39,13 @@ def item_id(task_id: str) -> str:
     return "msg_" + task_id.split("_", 1)[-1]
 
 
-def error_of(row: Row[Any]) -> dict[str, str] | None:
+def error_of(row: Record) -> dict[str, str] | None:
     if row.error_code is None:
         return None
     return {"code": row.error_code, "message": row.error_message or ""}
 
 
-def task_object(task: Row[Any]) -> dict[str, Any]:
+def task_object(task: Record) -> dict[str, Any]:
     base = f"/v1/tasks/{task.id}"
     return {
         "id": task.id,
@@ -85,8 +90,8 @@ def output_text_part(text: str) -> dict[str, Any]:
 
 
 def response_object(
-    task: Row[Any],
-    response: Row[Any] | None,
+    task: Record,
+    response: Record | None,
     *,
     status: Status | None = None,
     error: dict[str, str] | None = None,
@@ -145,7 +150,7 @@ def _final_message(task_id: str, text: str, status: Status) -> dict[str, Any]:
     return item
 
 
-def event_object(task: Row[Any], response: Row[Any] | None, event: Row[Any]) -> dict[str, Any]:
+def event_object(task: Record, response: Record | None, event: Row[Any]) -> dict[str, Any]:
     """`{seq, type, created_at, data}`; `data` is the event JSON clients stream.
 
     Shaped for OpenAI's SDKs, which parse `data` into their typed events:

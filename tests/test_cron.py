@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -348,7 +349,7 @@ def expressions(draw: st.DrawFn) -> str:
     return " ".join(fields)
 
 
-def vixie_walk(expr: str, start_ms: int, backwards: bool) -> croniter:
+def vixie_walk(expr: str, start_ms: int, backwards: bool) -> Callable[[], datetime]:
     # croniter's implement_cron_bug reproduces Vixie's '*'-prefix rule exactly.
     start = datetime.fromtimestamp(start_ms // 1000, UTC)
     it = croniter(expr, start, ret_type=datetime, implement_cron_bug=True)

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sqlalchemy import (
+    BindParameter,
     ClauseElement,
     ColumnElement,
     Connection,
     Row,
+    TextClause,
     bindparam,
     func,
     tuple_,
@@ -30,6 +32,10 @@ from core.errors import ForbiddenTransition
 from core.states import Status, is_allowed
 from core.store.bulk import insert_rows
 from core.tables import task_events, tasks
+
+# A WHERE term: an expression, or one of the literal partial-index predicates of
+# `core.tables` (text, so that the index can serve the query).
+Condition = ColumnElement[bool] | TextClause
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ def move(
     *,
     now: int,
     expected: Iterable[Status],
-    where: Sequence[ColumnElement[bool]] | Held | Locked,
+    where: Sequence[Condition] | Held | Locked,
     to: Status | None,
     events: PerRow | Sequence[Event],
     values: dict[str, Any] | None = None,
@@ -137,16 +143,19 @@ def move(
     params: dict[str, Any] = {"p_now": now, "p_count": count}
     params.update({f"v_{key}": _param(value) for key, value in values.items()
                    if not isinstance(value, ClauseElement)})
+    target: _Target | None = None
+    conditions: list[Condition] = []
     if isinstance(where, (Held, Locked)):
         target, target_params = _target(where)
         params.update(target_params)
     else:
-        target = None
+        conditions = list(where)
     if target is not None and not any(isinstance(v, ClauseElement) for v in values.values()):
         statement = _prepared_update(expected, to, target,
                                      tuple(sorted((k, type(v)) for k, v in values.items())))
     else:
-        conditions = _conditions(target) if target is not None else list(where)
+        if target is not None:
+            conditions = _conditions(target)
         statement = _update(expected, to, conditions, {
             key: value if isinstance(value, ClauseElement) else _change(key, type(value))
             for key, value in values.items()})
@@ -171,7 +180,7 @@ def _target(where: Held | Locked) -> tuple[_Target, dict[str, Any]]:
                     "p_pairs": list(where.pairs)}
 
 
-def _conditions(target: _Target) -> list[ColumnElement[bool]]:
+def _conditions(target: _Target) -> list[Condition]:
     """The `Held` / `Locked` condition over the parameters `_target` names."""
     if target == "one":
         return [tasks.c.id == bindparam("p_task_id"), tasks.c.owner_token == bindparam("p_owner")]
@@ -183,7 +192,7 @@ def _conditions(target: _Target) -> list[ColumnElement[bool]]:
 
 def _change(key: str, kind: type) -> Any:
     """The SET expression for a value of `kind`, bound to the parameter `v_<key>`."""
-    value = bindparam(f"v_{key}")
+    value: BindParameter[Any] = bindparam(f"v_{key}")
     if kind is Add:
         return tasks.c[key] + value
     if kind is IfNull:
@@ -200,7 +209,7 @@ def _param(value: Any) -> Any:
 
 
 def _update(
-    expected: frozenset[Status], to: Status | None, conditions: list[ColumnElement[bool]],
+    expected: frozenset[Status], to: Status | None, conditions: list[Condition],
     changes: dict[str, Any],
 ) -> Any:
     values: dict[str, Any] = {"updated_at": bindparam("p_now"),

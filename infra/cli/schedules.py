@@ -76,7 +76,7 @@ def _request_body(text: str | None, path: Path | None) -> dict[str, Any]:
         raise click.UsageError("give exactly one of --request and --request-file")
     source = "--request" if path is None else str(path)
     try:
-        body = json.loads(text if path is None else path.read_text(encoding="utf-8"))
+        body = json.loads(path.read_text(encoding="utf-8") if path is not None else text or "")
     except (ValueError, OSError) as exc:
         raise click.BadParameter(f"not a readable JSON document ({type(exc).__name__})",
                                  param_hint=source) from None

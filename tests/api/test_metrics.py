@@ -15,7 +15,10 @@ from tests.store.helpers import force, new_task
 HOUR_MS = 3_600_000
 
 
-def scrape(http: TestClient[Any]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(http: TestClient[Any]) -> Samples:
     """Every sample of `/metrics` by (name, labels), parsed as Prometheus would."""
     response = http.get("/metrics")
     assert response.status_code == 200
@@ -27,7 +30,7 @@ def scrape(http: TestClient[Any]) -> dict[tuple[str, tuple[tuple[str, str], ...]
 
 def test_an_empty_store_reports_zeros_for_every_figure(http: TestClient[Any]) -> None:
     samples = scrape(http)
-    assert samples == {
+    zeros: Samples = {
         **{("taskward_tasks", (("status", status.value),)): 0.0
            for status in (Status.QUEUED, Status.LOADING, Status.RUNNING, Status.CANCELLING)},
         ("taskward_tasks_due", ()): 0.0,
@@ -35,6 +38,7 @@ def test_an_empty_store_reports_zeros_for_every_figure(http: TestClient[Any]) ->
         ("taskward_expired_leases", ()): 0.0,
         ("taskward_dead_letters", ()): 0.0,
     }
+    assert samples == zeros
 
 
 def test_the_figures_follow_the_tasks_in_the_store(

@@ -16,8 +16,9 @@ import openai
 import pytest
 
 from tests.api.conftest import alice, bob, http  # noqa: F401  (fixtures shared with tests/api)
-from tests.api.served import Service, free_port, process, service_env, wait_ready
+from tests.api.served import Service, process, service_env, wait_ready
 from tests.databases import copy_sqlite
+from tests.scheduler.processes import free_port
 
 MODEL = "words"
 SCOPES = "responses:create,tasks:read,tasks:cancel,models:read"

@@ -20,9 +20,9 @@ from core.store.database import Database
 from core.tables import task_events, tasks
 from infra.migrate import head_revision
 from tests.engines import expected_text
-from tests.scheduler.conftest import Children
 from tests.scheduler.helpers import enqueue_many, output_text, streamed_text
 from tests.scheduler.processes import (
+    Children,
     environment,
     free_port,
     group_alive,

@@ -22,8 +22,7 @@ from core.store.database import Database
 from core.store.new_tasks import NewTask, insert_tasks
 from core.tables import responses, task_events, tasks
 from tests.engines import expected_text
-from tests.scheduler.conftest import Children
-from tests.scheduler.processes import environment, run_json, wait_until
+from tests.scheduler.processes import Children, environment, run_json, wait_until
 from tests.store.helpers import assert_log_sound
 
 pytestmark = pytest.mark.slow

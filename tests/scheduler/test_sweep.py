@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
 from freezegun import freeze_time
 
@@ -22,7 +23,7 @@ SUMMARY_KEYS = {"expired", "claimed", "completed", "failed", "requeued", "dead_l
                 "cancelled", "released", "lost", "finalised", "schedules_fired", "retention"}
 
 
-def one_pass(db: Database, settings: Settings) -> dict[str, object]:
+def one_pass(db: Database, settings: Settings) -> dict[str, Any]:
     return sweep_once(db, settings, stop=threading.Event())
 
 

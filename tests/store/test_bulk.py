@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sqlalchemy import BigInteger, String, select
 from sqlalchemy.exc import DataError
@@ -11,7 +13,7 @@ from core.store.database import Database
 from core.tables import schedule_slots
 
 
-def _slot(schedule_id: str, slot_at: int, task_id: str = "") -> dict[str, object]:
+def _slot(schedule_id: str, slot_at: int, task_id: str = "") -> dict[str, Any]:
     return {"schedule_id": schedule_id, "slot_at": slot_at, "task_id": task_id, "created_at": 0}
 
 

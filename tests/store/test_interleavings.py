@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from sqlalchemy import delete, select
+from sqlalchemy import Row, delete, select
 
+from core.clock import Clock
 from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict, LeaseLost
 from core.objects import TERMINAL_EVENTS
@@ -36,7 +38,7 @@ LEASE_MS = 10_000
 WORKERS = 3
 
 
-class ManualClock:
+class ManualClock(Clock):
     """A clock that moves only when the test says so."""
 
     def __init__(self) -> None:
@@ -80,7 +82,7 @@ def interleavings(database_url: str) -> type[RuleBasedStateMachine]:
                 max_attempts=3))
             self.task_ids.append(result.task_id)
 
-        def row(self, task_id: str) -> object:
+        def row(self, task_id: str) -> Row[Any]:
             with self.db.read() as conn:
                 return conn.execute(select(tasks_table).where(tasks_table.c.id == task_id)).one()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from freezegun import freeze_time
@@ -28,7 +29,7 @@ def claim_one(db: Database, node: str = "node-a") -> claims.Claim:
     return claimed
 
 
-def run_to_running(db: Database, model_id: str, **fields: object) -> claims.Claim:
+def run_to_running(db: Database, model_id: str, **fields: Any) -> claims.Claim:
     task_id = new_task(db, model_id, **fields)
     claimed = claim_one(db)
     assert claimed.task_id == task_id

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from freezegun import freeze_time
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, select
 
 from core.idempotency import IdempotencyClaim
 from core.store import new_tasks, tasks
@@ -16,7 +16,7 @@ from tests.store.helpers import new_task
 HOUR = 3600 * 1000
 
 
-def count(db: Database, table: object) -> int:
+def count(db: Database, table: Table) -> int:
     with db.read() as conn:
         return conn.execute(select(func.count()).select_from(table)).scalar_one()
 
