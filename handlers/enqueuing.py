@@ -43,7 +43,7 @@ class Enqueuer:
             requests = [(new, claim) for new, claim, _ in batch]
             try:
                 outcomes = await writing(self._db, self._commit, requests)
-            except Exception as exc:  # noqa: BLE001 - the batch failed: each request hears why
+            except Exception as exc:  # the batch failed: each request hears why
                 outcomes = [exc] * len(batch)
             for (_, _, answer), outcome in zip(batch, outcomes):
                 if answer.done():  # the client went away
@@ -67,7 +67,7 @@ class Enqueuer:
                 try:
                     answer = enqueue(self._db, new, idempotency=claim,
                                      idempotency_ttl_ms=self._ttl_ms)
-                except Exception as exc:  # noqa: BLE001 - answered to its own request
+                except Exception as exc:  # answered to its own request
                     outcomes.append(exc)
                     continue
             outcomes.append(answer)

@@ -101,7 +101,7 @@ def _execute(
     claim = attempt.claim
     try:
         request = generation_request(json.loads(claim.request_json))
-    except Exception:  # noqa: BLE001  whatever is stored, it must not stop the sweeper
+    except Exception:  # whatever is stored, it must not stop the sweeper
         return _fail(db, attempt, INVALID_REQUEST, "the stored request cannot be decoded")
     try:
         engine_name, model_file = verify(claim.model)
@@ -133,7 +133,7 @@ def _produce(
         for chunk in loaded.generate(request, snapshot, attempt.should_stop):
             attempt.inbox.put(chunk)
         attempt.inbox.put(_Ended())
-    except BaseException as exc:  # noqa: BLE001  handed to the runner, which decides
+    except BaseException as exc:  # handed to the runner, which decides
         attempt.inbox.put(_Raised(exc))
 
 

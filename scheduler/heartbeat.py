@@ -73,7 +73,7 @@ class LeaseKeeper:
             return set()
         try:
             return cancelling_among(self._db, [attempt.task_id for attempt in held])
-        except Exception:  # noqa: BLE001  an unreachable store: the renewals report it
+        except Exception:  # an unreachable store: the renewals report it
             return set()
 
     def _renew(self, attempt: Attempt) -> None:
@@ -84,7 +84,7 @@ class LeaseKeeper:
         except LeaseLost:
             attempt.raise_flag(StopReason.LOST)
             return
-        except Exception as exc:  # noqa: BLE001  the store is unreachable: keep trying
+        except Exception as exc:  # the store is unreachable: keep trying
             if attempt.task_id not in self._failing:
                 log.warning("heartbeat for task %s failed (%s); retrying every tick",
                             attempt.task_id, type(exc).__name__)

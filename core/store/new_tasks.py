@@ -122,7 +122,7 @@ def enqueue_many(
         savepoint = conn.begin_nested()
         try:
             answers = _insert_batch(db, conn, batch, now, idempotency_ttl_ms)
-        except Exception:  # noqa: BLE001 - each request is tried alone by `enqueue`
+        except Exception:  # each request is tried alone by `enqueue`
             savepoint.rollback()
             return [None] * len(batch)
         savepoint.commit()
