@@ -2,8 +2,8 @@
 
 `create_app` is the one place that wires the HTTP layer to the store it is handed
 (`infra.app` opens it). Handlers keep no state between requests; what a process shares
-(`Services`) is its database, its settings, the live-tail poller, the token cache and
-the group-commit enqueuer.
+(`ProcessServices`) is its database, its settings, the live-tail poller, the token
+cache and the group-commit enqueuer.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from handlers.auth import bearer_auth
 from handlers.enqueuing import Enqueuer
 from handlers.errors import problem_details_plugin
 from handlers.live import LiveTail
-from handlers.services import Services
+from handlers.services import ProcessServices
 from handlers.tokens import TokenCache
 
 LifespanHook = Callable[..., Any]
@@ -73,8 +73,8 @@ def create_app(
 
     tokens = TokenCache(db, recheck_seconds=settings.poll_interval_ms / 1000)
     enqueuer = Enqueuer(db, idempotency_ttl_ms=int(settings.idempotency_ttl_hours * 3_600_000))
-    services = Services(db=db, settings=settings, tail=tail, enqueuer=enqueuer, tokens=tokens,
-                        readiness=readiness)
+    services = ProcessServices(db=db, settings=settings, tail=tail, enqueuer=enqueuer,
+                               tokens=tokens, readiness=readiness)
 
     return Litestar(
         route_handlers=[*health.ROUTES, *metrics.ROUTES, *clients.ROUTES, *models.ROUTES,

@@ -1,10 +1,11 @@
-"""Pairing and client administration (SPEC section 2)."""
+"""Pairing and client administration (docs/http-api.md, authentication and scopes)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from litestar import delete, get, post
+from litestar.params import JSONBody
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from core.clients import DEFAULT_SCOPES, SCOPES, client_object, parse_scopes
@@ -35,7 +36,7 @@ class PairingCodeBody(BaseModel):
 
 
 @post("/v1/pair", opt=PUBLIC_ROUTE, status_code=201, tags=["clients"])
-async def pair(data: PairBody, services: Services) -> dict[str, Any]:
+async def pair(data: JSONBody[PairBody], services: Services) -> dict[str, Any]:
     """Redeem a one-time pairing code for a new client and its token (shown once)."""
     issued = await blocking(redeem_pairing_code, services.db, data.code, data.name)
     return issued.public()
@@ -44,10 +45,10 @@ async def pair(data: PairBody, services: Services) -> dict[str, Any]:
 @post("/v1/pairing-codes", opt=requires("clients:admin"), status_code=201,
       tags=["clients"])
 async def new_pairing_code(
-    request: ClientRequest, services: Services, data: PairingCodeBody | None = None
+    request: ClientRequest, services: Services, data: JSONBody[PairingCodeBody | None] = None
 ) -> dict[str, Any]:
     """A one-time pairing code; a client can only hand out scopes it holds itself.
-    Without a body: the default scopes, no name (SPEC 3 names no body)."""
+    Without a body (it is optional, docs/http-api.md): the default scopes, no name."""
     data = data or PairingCodeBody()
     scopes = parse_scopes(data.scopes)
     if not all(request.user.allows(scope) for scope in scopes):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from litestar import delete, get, post
+from litestar.params import FromPath, JSONBody
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from core.errors import InvalidInput
@@ -47,12 +48,12 @@ async def models_list(services: Services) -> dict[str, Any]:
 
 
 @get("/v1/models/{model_id:path}", opt=requires("models:read"), tags=["models"])
-async def model_show(model_id: str, services: Services) -> dict[str, Any]:
+async def model_show(model_id: FromPath[str], services: Services) -> dict[str, Any]:
     return model_object(await blocking(get_model, services.db, model_id.lstrip("/")))
 
 
 @post("/v1/models", opt=requires("models:admin"), status_code=201, tags=["models"])
-async def model_register(data: ModelBody, services: Services) -> dict[str, Any]:
+async def model_register(data: JSONBody[ModelBody], services: Services) -> dict[str, Any]:
     """Register a file under the models directory; the service computes its SHA-256."""
     row = await blocking(_register, services.db, services.settings.models_dir, data)
     return model_object(row)
@@ -68,7 +69,7 @@ def _register(db: Database, models_dir: Path, data: ModelBody) -> Any:
 
 
 @delete("/v1/models/{model_id:path}", opt=requires("models:admin"), tags=["models"])
-async def model_remove(model_id: str, services: Services) -> None:
+async def model_remove(model_id: FromPath[str], services: Services) -> None:
     """Remove the registry entry (204); the file itself is never deleted."""
     await blocking(remove, services.db, model_id.lstrip("/"))
 

@@ -1,4 +1,4 @@
-"""Creating work (SPEC 3.1) and the OpenAI-compatible surface around it (SPEC 3.5).
+"""Creating work and the OpenAI-compatible surface around it (docs/http-api.md).
 
 `POST /v1/responses` persists the task (with its first event and the idempotency
 record) in one transaction before answering. What follows depends on the request:
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from litestar import Response, delete, get, post
-from litestar.params import Parameter
+from litestar.params import HeaderParameter, JSONBody, Parameter
 from litestar.response import Stream
 
 from core.errors import Conflict
@@ -49,11 +49,11 @@ def _respond_async(prefer: str | None) -> bool:
       tags=["responses"])
 async def create_response(
     request: ClientRequest,
-    data: ResponseRequest,
+    data: JSONBody[ResponseRequest],
     services: Services,
     # No length bound here: `parse_key` refuses every bad key with one code.
-    idempotency_key: Annotated[str | None, Parameter(header="Idempotency-Key")] = None,
-    prefer: Annotated[str | None, Parameter(header="Prefer", max_length=200)] = None,
+    idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key")] = None,
+    prefer: Annotated[str | None, HeaderParameter(name="Prefer", max_length=200)] = None,
 ) -> Response[Any] | Stream:
     """Create a task; `202` with `Location` and the response object (status `queued`)."""
     client, db, settings = request.user, services.db, services.settings

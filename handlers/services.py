@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from litestar.di import NamedDependency
+
 from core.settings import Settings
 from core.store.database import Database
 from handlers.enqueuing import Enqueuer
@@ -19,10 +21,15 @@ from handlers.tokens import TokenCache
 
 
 @dataclass(frozen=True)
-class Services:
+class ProcessServices:
     db: Database
     settings: Settings
     tail: LiveTail
     enqueuer: Enqueuer
     tokens: TokenCache
     readiness: Callable[[], None]  # raises unless the store is reachable and at head
+
+
+# What a handler's `services` parameter is annotated with: marked as provided by name,
+# since Litestar deprecates dependencies it has to infer (they stop working in 3.0).
+Services = NamedDependency[ProcessServices]

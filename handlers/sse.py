@@ -1,4 +1,4 @@
-"""A task's event log as JSON pages and as Server-Sent Events (SPEC 3.2).
+"""A task's event log as JSON pages and as Server-Sent Events (docs/events.md).
 
 SSE framing is written here rather than with Litestar's `ServerSentEvent`: its ping
 sends `: ping` plus a blank line, which some clients (OpenAI's SDK) parse as an empty
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from litestar.params import Parameter
+from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
 from core.errors import NotFound
@@ -31,8 +31,8 @@ STREAM_PAGE = 100
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 Seq = Annotated[int, Parameter(ge=0, le=2**31)]
-LastEventId = Annotated[int | None, Parameter(
-    header="Last-Event-ID", ge=0, le=2**31,
+LastEventId = Annotated[int | None, HeaderParameter(
+    name="Last-Event-ID", ge=0, le=2**31,
     description="the last event a reconnecting SSE client saw; resume after it")]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from litestar import Response, get, post
-from litestar.params import Parameter
+from litestar.params import FromQuery, Parameter
 from litestar.response import Stream
 
 from core.objects import task_object
@@ -30,7 +30,7 @@ MAX_EVENTS_PAGE = 1000
 async def tasks_list(
     request: ClientRequest,
     services: Services,
-    status: Status | None = None,
+    status: FromQuery[Status | None] = None,
     limit: PageLimit = 20,
     after: Cursor = None,
 ) -> dict[str, Any]:
