@@ -1,5 +1,5 @@
-"""Clients, bearer tokens, scopes and one-time pairing codes: what they are (SPEC
-section 2). `core.store.clients` keeps them.
+"""Clients, bearer tokens, scopes and one-time pairing codes: what they are
+(docs/http-api.md). `core.store.clients` keeps them.
 
 Only hashes of tokens and pairing secrets are stored. A pairing code is
 `<code id>-<secret>`: the id finds the row, so a wrong secret can be counted against

@@ -1,4 +1,4 @@
-"""Idempotency keys (SPEC 3.4): key syntax and the request digest.
+"""Idempotency keys (docs/http-api.md): key syntax and the request digest.
 
 The record itself is written by `core.store.new_tasks.enqueue`, in the transaction that
 creates the task, so a crash can never leave one without the other.

@@ -1,4 +1,4 @@
-"""The public shapes of SPEC section 3: task, response, event and model objects.
+"""The public shapes of docs/http-api.md: task, response, event and model objects.
 
 Built here, not in handlers, because events embed the response object, idempotency
 records store it, and the sweeper's events must agree with what the API shows.

@@ -1,4 +1,4 @@
-"""Firing due schedule slots: each slot yields at most one task, ever (SPEC 9).
+"""Firing due schedule slots: each slot yields at most one task, ever (docs/http-api.md#schedules).
 
 One batch of due schedules (indexed on `next_slot_at`) is read, planned in memory, and
 written in chunks, each chunk ONE transaction that:
@@ -20,7 +20,7 @@ through its primary key as the schedule fires, so it stays bounded. A schedule w
 stored request no longer decodes, or whose model is gone, has its slots consumed
 without tasks and a warning logged; it never blocks the others.
 
-A schedule of a revoked client (SPEC 2: revoked clients are refused) fires nothing: its
+A schedule of a revoked client (revoked clients are refused) fires nothing: its
 slots are consumed without tasks (logged at debug level only, it is no fault), so its
 checkpoint keeps moving and it never piles up as "due" in front of the others.
 Clients are never un-revoked, so nothing is lost by consuming rather than keeping.

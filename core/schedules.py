@@ -1,4 +1,5 @@
-"""Schedules (SPEC 9): recurring `POST /v1/responses` bodies, defined by their owners.
+"""Schedules: recurring `POST /v1/responses` bodies, defined by their owners
+(docs/http-api.md#schedules).
 
 This module validates definitions; `core.store.schedules` keeps them and
 `core.schedule_firing` turns their due slots into tasks.

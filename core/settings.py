@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     retention_hours: float = Field(168, gt=0)
     idempotency_ttl_hours: float = Field(24, gt=0)
     max_body_bytes: int = Field(1_048_576, ge=1024)
-    # Beyond SPEC section 1: knobs a production operator expects to have.
+    # Knobs a production operator expects to have (docs/settings.md lists them all).
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
     engine_threads: int = Field(2, ge=1, le=64)

@@ -53,7 +53,7 @@ TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
     }
 )
 
-# Response-object status of SPEC 3.5.
+# Response-object status (docs/http-api.md, OpenAI-compatible surface).
 PUBLIC_STATUS: dict[Status, str] = {
     Status.QUEUED: "queued",
     Status.LOADING: "in_progress",

@@ -9,7 +9,7 @@ from litestar.enums import MediaType
 
 
 def page(data: list[dict[str, Any]], next_cursor: str | None) -> dict[str, Any]:
-    """SPEC 3.0: `{"object": "list", "data", "next_cursor"}`."""
+    """The list object of docs/http-api.md: `{"object": "list", "data", "next_cursor"}`."""
     return {"object": "list", "data": data, "next_cursor": next_cursor}
 
 

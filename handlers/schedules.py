@@ -1,4 +1,4 @@
-"""Schedules over HTTP (SPEC 9), under the `responses:create` scope.
+"""Schedules over HTTP (docs/http-api.md#schedules), under the `responses:create` scope.
 
 A client sees and changes only its own schedules (another client's id is 404); `admin`
 sees all. Bodies are validated by `core.schedules`, the same code the CLI goes

@@ -1,4 +1,4 @@
-"""The sweeper step that fires due schedule slots (SPEC 8 and 9).
+"""The sweeper step that fires due schedule slots (docs/operations.md, docs/http-api.md#schedules).
 
 A pass reads due schedules in batches and stops when none are left or after
 `MAX_BATCHES`, so one pass stays bounded however large the backlog; what remains is

@@ -1,4 +1,4 @@
-"""Sweeper steps for tasks whose worker is gone (SPEC sections 4 and 8).
+"""Sweeper steps for tasks whose worker is gone (docs/state-machine.md, docs/operations.md).
 
 Expired leases get their task's restart policy (`fail` → `failed worker_lost`,
 `retry` → `queued`, `resume` → claimable from its snapshot, `cancelling` →

@@ -18,7 +18,7 @@ Maintenance (expired leases, orphaned cancels, schedules, retention) runs on a s
 thread at the times `TASKWARD_SWEEP_SCHEDULE` names, and once at start so leftovers of a
 crash are picked up at once.
 
-`stop` is the graceful stop of SPEC section 4: no new claims, running attempts drain
+`stop` is the graceful stop of docs/operations.md: no new claims, running attempts drain
 until `TASKWARD_DRAIN_SECONDS`, what is left is handed back. Every thread started here
 is joined there.
 """

@@ -1,5 +1,5 @@
 """The output of one attempt: chunks batched into delta events, and the item/part events
-around them (SPEC 3.2, OpenAI Responses streaming shapes).
+around them (docs/events.md, OpenAI Responses streaming shapes).
 
 Flushing by time and by size keeps the event log from costing one transaction per
 token. Each flush carries the engine's latest snapshot with the text it covers, so a

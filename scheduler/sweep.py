@@ -1,4 +1,4 @@
-"""One sweeper pass: the steps of SPEC section 8, in order, each bounded.
+"""One sweeper pass: the steps of docs/operations.md, in order, each bounded.
 
 1. expired leases get their task's restart policy;
 2. due and resumable tasks are claimed into free slots and executed;

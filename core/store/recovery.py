@@ -1,6 +1,6 @@
 """What happens to a task whose worker is gone: cold-start recovery and lease expiry.
 
-Both apply one policy table (SPEC section 6), set-based: one conditional UPDATE per
+Both apply one policy table (docs/state-machine.md), set-based: one conditional UPDATE per
 target state, its events inserted in bulk in the same transaction, so 100,000 leftover
 tasks recover in seconds and a second run finds nothing left to change.
 """

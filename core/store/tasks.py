@@ -85,7 +85,7 @@ class CancelOutcome:
 
 
 def cancel(db: Database, task_id: str, client_id: str | None) -> CancelOutcome:
-    """SPEC 3.3: one conditional transition with its event; a finished task is 409."""
+    """One conditional transition with its event; a finished task is 409 (docs/http-api.md)."""
     with db.write() as conn:
         now = db.clock.now_ms()
         where = [tasks.c.id == task_id, *visible(client_id)]

@@ -1,4 +1,4 @@
-"""The operator commands of SPEC section 1, run in-process on both stores."""
+"""The operator commands of docs/cli.md, run in-process on both stores."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pairing, tokens, scopes and revocation (SPEC section 2)."""
+"""Pairing, tokens, scopes and revocation (docs/http-api.md, authentication and scopes)."""
 
 from __future__ import annotations
 

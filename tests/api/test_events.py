@@ -1,4 +1,4 @@
-"""The event log as JSON pages and as SSE (SPEC 3.2), and the live tail behind streams."""
+"""The event log as JSON pages and as SSE (docs/events.md), and the live tail behind streams."""
 
 from __future__ import annotations
 

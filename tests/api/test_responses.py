@@ -1,4 +1,4 @@
-"""Creating work (SPEC 3.1) and idempotency keys (SPEC 3.4)."""
+"""Creating work and idempotency keys (docs/http-api.md)."""
 
 from __future__ import annotations
 

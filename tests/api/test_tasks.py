@@ -1,4 +1,4 @@
-"""Tasks: pages, isolation, long-poll, cancellation (SPEC 3.3), dead letters and retry."""
+"""Tasks: pages, isolation, long-poll, cancellation (docs/http-api.md), dead letters and retry."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The OpenAI-compatible routes on an existing response, through the app itself:
 streams chosen by the query, cancel and delete with their error paths, event shapes
-(SPEC 3.5), and the claim order of an API `run_at` in the past."""
+(docs/http-api.md), and the claim order of an API `run_at` in the past."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The official `openai` SDK, unchanged, against a real `taskward run` (SPEC 3.5)."""
+"""The official `openai` SDK, unchanged, against a real `taskward run` (docs/http-api.md)."""
 
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ def test_sweep_runs_one_pass_and_prints_a_one_line_summary(
     summary = run_json(environment(settings), "sweep")
     assert (summary["claimed"], summary["completed"]) == (3, 3)
     assert all(task_row(db, task_id).status == Status.COMPLETED for task_id in ids)
-    # SPEC 1: the summary is one JSON line for cron, with or without --json.
+    # docs/cli.md: the summary is one JSON line for cron, with or without --json.
     plain = run_command(environment(settings), "sweep")
     assert plain.returncode == 0, plain.stderr
     [line] = plain.stdout.strip().splitlines()

@@ -1,5 +1,5 @@
 """A model file that changed or vanished after registration fails the task at once,
-with a stable code, before any model runs (SPEC 7).
+with a stable code, before any model runs (docs/http-api.md, model entry).
 
 Each test registers its own copy of the default model (never the one in the
 installed package, which must not be written to) with `taskward models add`.

@@ -1,6 +1,7 @@
 """kill -9 of `taskward run` in the middle of a real generation, then a restart: a
 `resume` task continues from its last snapshot and its output is exactly what an
-uninterrupted run produces, with nothing repeated or lost (SPEC 6 and 7)."""
+uninterrupted run produces, with nothing repeated or lost (docs/state-machine.md,
+docs/events.md)."""
 
 from __future__ import annotations
 

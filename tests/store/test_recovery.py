@@ -1,4 +1,4 @@
-"""Cold-start recovery (SPEC section 6) and lease expiry, cell by cell, on both stores."""
+"""Cold-start recovery (docs/state-machine.md) and lease expiry, cell by cell, on both stores."""
 
 from __future__ import annotations
 

@@ -1,0 +1,160 @@
+"""The reference in docs/ says what the code does: settings, routes and commands are
+read from the code and compared with the pages, so neither can change alone, and no
+file points at a contract document this repository does not contain."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import click
+from annotated_types import Ge, Gt, Le, MaxLen, MinLen
+from pydantic import TypeAdapter
+from pydantic.fields import FieldInfo
+
+from core.settings import ENV_PREFIX, Settings
+from handlers.app import create_app
+from infra.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every Markdown table row in `text` (header and rule rows included)."""
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.lstrip().startswith("|")]
+
+
+def unquoted(cell: str) -> str:
+    return cell.strip("`")
+
+
+# --- docs/settings.md ---------------------------------------------------------------
+
+def settings_table() -> dict[str, tuple[str, str]]:
+    """`TASKWARD_*` name -> (default cell, rule cell) from docs/settings.md."""
+    rows = table_rows((DOCS / "settings.md").read_text())
+    return {unquoted(row[0]): (row[1], row[2]) for row in rows
+            if len(row) == 4 and unquoted(row[0]).startswith(ENV_PREFIX)}
+
+
+def rule_of(field: FieldInfo) -> str:
+    """A field's bounds as the rule column writes them (`1..256`, `> 0`, …)."""
+    if get_origin(field.annotation) is Literal:
+        return " or ".join(f"`{choice}`" for choice in get_args(field.annotation))
+    bounds = {type(item): item for item in field.metadata}
+    if MinLen in bounds and MaxLen in bounds:
+        return f"{bounds[MinLen].min_length}..{bounds[MaxLen].max_length} characters"
+    if Ge in bounds and Le in bounds:
+        return f"{bounds[Ge].ge}..{bounds[Le].le}"
+    lower = (f"> {bounds[Gt].gt}" if Gt in bounds
+             else f">= {bounds[Ge].ge}" if Ge in bounds else "")
+    upper = f"at most {bounds[Le].le}" if Le in bounds else ""
+    return "; ".join(part for part in (lower, upper) if part)
+
+
+def test_the_settings_page_names_every_setting_and_no_other() -> None:
+    documented = set(settings_table())
+    assert documented == {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+
+
+def test_the_settings_page_gives_each_default_of_core_settings() -> None:
+    table = settings_table()
+    for name, field in Settings.model_fields.items():
+        cell = table[ENV_PREFIX + name.upper()][0]
+        if field.default_factory is socket.gethostname:
+            assert cell == "the host name"
+            continue
+        written: Any = "" if cell == "(empty)" else unquoted(cell)
+        assert field.annotation is not None
+        assert TypeAdapter(field.annotation).validate_python(written) == field.default, name
+
+
+def test_the_settings_page_states_each_bound_of_core_settings() -> None:
+    table = settings_table()
+    for name, field in Settings.model_fields.items():
+        rule = table[ENV_PREFIX + name.upper()][1]
+        assert rule.startswith(rule_of(field)) and rule, name
+
+
+# --- docs/http-api.md ---------------------------------------------------------------
+
+def _route_key(method: str, path: str) -> tuple[str, str]:
+    """`{task_id:str}` and `{id}` alike become `{}`, so the page may name ids simply."""
+    return method, re.sub(r"\{[^}]*\}", "{}", path)
+
+
+def test_the_http_page_lists_exactly_the_routes_of_the_app(tmp_path: Path) -> None:
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path}/unused.db",
+                              models_dir=tmp_path))
+    served = {_route_key(method, route.path)
+              for route in app.routes if not route.path.startswith("/schema")
+              for method in getattr(route, "methods", ())
+              if method not in ("HEAD", "OPTIONS")}
+    documented = set()
+    for row in table_rows((DOCS / "http-api.md").read_text()):
+        match = re.fullmatch(r"`([A-Z]+) (/\S*)`", row[0])
+        if match:
+            documented.add(_route_key(match[1], match[2]))
+    assert documented == served
+
+
+# --- docs/cli.md --------------------------------------------------------------------
+
+def commands(group: click.Group, prefix: str = "taskward") -> dict[str, click.Command]:
+    """Every runnable command by its full name (`taskward models add`)."""
+    found: dict[str, click.Command] = {}
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found.update(commands(command, f"{prefix} {name}"))
+        else:
+            found[f"{prefix} {name}"] = command
+    return found
+
+
+def cli_sections() -> dict[str, str]:
+    """docs/cli.md's `### \\`taskward …\\`` sections by command name."""
+    parts = re.split(r"^### `(taskward[^`]*)`\s*$", (DOCS / "cli.md").read_text(),
+                     flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_the_cli_page_has_a_section_for_exactly_the_commands_of_the_code() -> None:
+    assert set(cli_sections()) == set(commands(main))
+
+
+def test_each_cli_section_names_every_option_of_its_command() -> None:
+    sections = cli_sections()
+    for name, command in commands(main).items():
+        for param in command.params:
+            if isinstance(param, click.Option):
+                flag = max(param.opts, key=len)
+                assert f"`{flag}" in sections[name], f"{name} {flag}"
+
+
+# --- pointers -----------------------------------------------------------------------
+
+def test_nothing_points_at_a_contract_file_outside_the_repository() -> None:
+    """Code, tests and pages point at docs/; a reference to a specification file or its
+    numbered sections would send the reader to something they cannot open."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    reference = re.compile("SP" + r"EC(\.md| section| [0-9])")  # not a match of itself
+    offenders = []
+    for name in filter(None, listed):
+        path = ROOT / name
+        if path.is_file() and path.suffix not in {".gguf", ".bin", ".png"}:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            offenders += [f"{name}:{n}" for n, line in enumerate(text.splitlines(), 1)
+                          if reference.search(line)]
+    assert offenders == []
+
+
+def test_every_link_between_pages_names_a_page_that_exists() -> None:
+    for page in DOCS.glob("*.md"):
+        for target in re.findall(r"\]\(([a-z-]+\.md)(?:#[^)]*)?\)", page.read_text()):
+            assert (DOCS / target).is_file(), f"{page.name} -> {target}"
