@@ -41,8 +41,9 @@ def task_slots(db: Database, schedule_id: str | None = None) -> list[int]:
 
 def ledger(db: Database) -> list[tuple[str, int, str]]:
     with db.read() as conn:
-        return sorted(conn.execute(select(schedule_slots.c.schedule_id, schedule_slots.c.slot_at,
-                                          schedule_slots.c.task_id)).tuples())
+        rows = conn.execute(select(schedule_slots.c.schedule_id, schedule_slots.c.slot_at,
+                                   schedule_slots.c.task_id))
+        return sorted((row.schedule_id, row.slot_at, row.task_id) for row in rows)
 
 
 def schedule_row(db: Database, schedule_id: str) -> Any:

@@ -65,7 +65,7 @@ def test_batches_larger_than_a_driver_page_still_map_by_id(
     with db.write() as conn:
         answers = insert_tasks(db, conn, batch, db.clock.now_ms())
     with db.read() as conn:
-        stored = dict(conn.execute(select(tasks.c.id, tasks.c.metadata_json)).tuples().all())
+        stored = dict(conn.execute(select(tasks.c.id, tasks.c.metadata_json)).all())
     assert len(answers) == len(batch)
     for n, (new, answer) in enumerate(zip(batch, answers, strict=True)):
         wins = new.dedupe_key is None or first_holders[new.dedupe_key] == n
