@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 from pydantic.fields import FieldInfo
 
 from core.settings import ENV_PREFIX, Settings
-from handlers.app import create_app
+from infra.app import serving_app
 from infra.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,8 +89,8 @@ def _route_key(method: str, path: str) -> tuple[str, str]:
 
 
 def test_the_http_page_lists_exactly_the_routes_of_the_app(tmp_path: Path) -> None:
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path}/unused.db",
-                              models_dir=tmp_path))
+    app = serving_app(Settings(database_url=f"sqlite:///{tmp_path}/unused.db",
+                               models_dir=tmp_path))
     served = {_route_key(method, route.path)
               for route in app.routes if not route.path.startswith("/schema")
               for method in getattr(route, "methods", ())

@@ -48,7 +48,7 @@ def due_schedules(db: Database, now: int, limit: int) -> tuple[list[Row[Any]], s
     """Up to `limit` schedules due at `now` (oldest due first, through the
     `next_slot_at` index), and the ids of the registered models, in one snapshot."""
     with db.read() as conn:
-        rows = list(conn.execute(
+        rows: list[Row[Any]] = list(conn.execute(
             select(schedules.c.id, schedules.c.client_id, schedules.c.cron,
                    schedules.c.request_json, schedules.c.catch_up, schedules.c.checkpoint)
             .where(schedules.c.next_slot_at <= now)
