@@ -1,6 +1,6 @@
 """What every command needs: settings, an open database, and output as table or JSON.
 
-Errors an operator can fix end the command with exit status 2 and a message that says
+Errors an operator can fix end the command with exit status 1 and a message that says
 what to do next, never a traceback.
 """
 
