@@ -7,7 +7,11 @@ idempotency key) straight on the store in this process, then starts `taskward se
 - `POST /v1/responses` (asynchronous, a fresh `Idempotency-Key` per request);
 - `GET /v1/tasks/{id}` of tasks created in the first phase;
 each over `--connections` keep-alive connections (default 64) from loopback, printing
-requests/s and p50/p99 latency. The generator is a minimal HTTP/1.1 client on asyncio
+requests/s and p50/p99 latency. With `--compare-timeouts` the two phases also run,
+in the same run and over the same store, against a server whose slow-client timeouts
+are off (`TASKWARD_HTTP_IDLE_TIMEOUT_SECONDS=0`, `TASKWARD_HTTP_BODY_TIMEOUT_SECONDS=0`:
+granian's auto HTTP mode, no bounded body reads), the behaviour before they existed.
+The generator is a minimal HTTP/1.1 client on asyncio
 streams (uvloop when available): httpx costs more CPU per request than the server, and
 the server, the generator and the store share the same cores.
 The machine is shared and noisy: compare figures within one run, not across runs.
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+import tests.engines  # noqa: F401  registers the `test.words` engine its model names
 from bench.store import rate
 from core.clients import ADMIN
 from core.idempotency import IdempotencyClaim
@@ -136,6 +141,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--store-count", type=int, default=2000)
+    parser.add_argument("--compare-timeouts", action="store_true",
+                        help="also measure a server with the slow-client timeouts off")
     args = parser.parse_args()
     try:
         import uvloop
@@ -160,26 +167,38 @@ def main() -> None:
             idempotency=IdempotencyClaim(f"store-{i}", "digest")))
         db.dispose()
 
-        port = free_port()
-        server = start_server(env, port, args.workers)
-        try:
-            posts = asyncio.run(_load(port, lambda: post_request(token), args.connections,
-                                      args.seconds, keep_ids=True))
-            ids = posts.task_ids or ["resp_missing"]
-            counter = iter(range(10**12))
-            gets = asyncio.run(_load(
-                port, lambda: get_request(token, ids[next(counter) % len(ids)]),
-                args.connections, args.seconds))
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
-    http_rate = len(posts.latencies) / posts.seconds
+        servers = [("timeouts on (defaults)", env)]
+        if args.compare_timeouts:
+            servers.append(("timeouts off", {**env, "TASKWARD_HTTP_IDLE_TIMEOUT_SECONDS": "0",
+                                             "TASKWARD_HTTP_BODY_TIMEOUT_SECONDS": "0"}))
+        results = [(label, *measure(server_env, token, args)) for label, server_env in servers]
     print(f"SQLite synchronous=FULL, {args.workers} granian workers, "
           f"{args.connections} connections, {args.seconds:.0f} s per phase")
     print(f"{'store enqueue (1 thread)':28} {store_rate:8.0f} ops/s")
-    print(posts.line("HTTP POST /v1/responses"))
-    print(f"{'':28} {http_rate / store_rate:8.2f} x store enqueue")
-    print(gets.line("HTTP GET /v1/tasks/{id}"))
+    for label, posts, gets in results:
+        if len(results) > 1:
+            print(f"-- server with {label}")
+        print(posts.line("HTTP POST /v1/responses"))
+        print(f"{'':28} {len(posts.latencies) / posts.seconds / store_rate:8.2f} x store enqueue")
+        print(gets.line("HTTP GET /v1/tasks/{id}"))
+
+
+def measure(env: dict[str, str], token: str, args: argparse.Namespace) -> tuple[Run, Run]:
+    """The POST phase, then the GET phase over the tasks it created, on a fresh server."""
+    port = free_port()
+    server = start_server(env, port, args.workers)
+    try:
+        posts = asyncio.run(_load(port, lambda: post_request(token), args.connections,
+                                  args.seconds, keep_ids=True))
+        ids = posts.task_ids or ["resp_missing"]
+        counter = iter(range(10**12))
+        gets = asyncio.run(_load(
+            port, lambda: get_request(token, ids[next(counter) % len(ids)]),
+            args.connections, args.seconds))
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    return posts, gets
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import func, select
 
+import tests.engines  # noqa: F401  registers the `test.words` engine its model names
 from bench.store import raw_pg_rate, raw_sqlite_rate
 from core.models_registry import register
 from core.settings import Settings

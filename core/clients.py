@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Row
 
 from core.clock import iso
-from core.errors import InvalidInput
+from core.errors import Forbidden, InvalidInput
 
 ADMIN = "admin"
 SCOPES: tuple[str, ...] = (
@@ -97,6 +97,15 @@ def parse_scopes(values: Iterable[str]) -> frozenset[str]:
         raise InvalidInput("validation_error", "at least one scope is required",
                            extra={"field": "scopes"})
     return scopes
+
+
+def require_may_manage(by: Client | None, target_scopes: frozenset[str]) -> None:
+    """`admin_required` unless `by` may revoke or re-scope a client holding
+    `target_scopes` (None: an operator on the machine, who may): every change to an
+    `admin` client needs `admin` itself, or `clients:admin` alone could lock every
+    admin out."""
+    if by is not None and ADMIN in target_scopes and ADMIN not in by.scopes:
+        raise Forbidden("admin_required", "only an admin client may change an admin client")
 
 
 def scope_text(scopes: Iterable[str]) -> str:

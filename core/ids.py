@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -42,6 +43,14 @@ def sortable_id(prefix: str, now_ms: int | None = None) -> str:
             rand = secrets.randbits(79)  # headroom for increments within one millisecond
         _last[:] = [ms, rand]
     return f"{prefix}_{_base32(ms, 10)}{_base32(rand, 16)}"
+
+
+_ID_SHAPE = re.compile(r"[a-z]{1,12}_[0-9a-z]{1,40}")
+
+
+def could_be_id(text: str) -> bool:
+    """Whether `text` has the shape of an id made here; what has not names nothing."""
+    return _ID_SHAPE.fullmatch(text) is not None
 
 
 def random_id(prefix: str) -> str:

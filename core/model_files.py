@@ -6,11 +6,13 @@ worker and the CLI can share it without pulling a native library.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import os
 import shutil
+import stat
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import DomainError, InvalidInput
@@ -24,25 +26,77 @@ _CHUNK_BYTES = 1 << 20
 
 
 def sha256_of(path: Path | str) -> str:
-    """The hex SHA-256 of a file, streamed in 1 MiB chunks.
+    """The hex SHA-256 of a regular file, streamed in 1 MiB chunks."""
+    return file_digest(Path(path)).sha256
 
-    Cached per process by (real path, size, mtime_ns): the worker checks the digest
-    before every task, and re-hashing a multi-gigabyte model each time would cost more
-    than the inference. A rewritten file changes size or mtime and is hashed again.
+
+@dataclass(frozen=True)
+class FileDigest:
+    sha256: str
+    size: int
+
+
+def file_digest(path: Path) -> FileDigest:
+    """Digest and size of the regular file at `path`, read through one open descriptor.
+
+    Whatever sits at `path` (a vanished file, a directory, a FIFO swapped in, a link
+    loop) is `InvalidInput` (`model_file_missing` or `model_file_unreadable`), never a
+    hang or another exception: the file is opened without blocking and checked for its
+    type on the descriptor that is then read, so what is hashed is what was checked.
+
+    Cached per process by (device, inode, ctime_ns, size, mtime_ns) of that descriptor:
+    the worker checks the digest before every task, and re-hashing a multi-gigabyte
+    model each time would cost more than the inference. A writer can restore size and
+    mtime (`os.utime`), but every write and every `utime` moves ctime, which only the
+    kernel sets, and a replaced file has another inode: either way it is hashed again.
     """
-    real = Path(path).resolve()
-    stat = real.stat()
-    return _sha256_cached(real, stat.st_size, stat.st_mtime_ns)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise _missing(path) from None
+    except (OSError, RuntimeError):  # a loop, permissions, a name too long
+        raise _unreadable(path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _missing(path)
+        key = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
+        with _digests_lock:
+            cached = _digests.get(key)
+        if cached is None:
+            cached = _hash_descriptor(fd)
+            with _digests_lock:
+                _digests[key] = cached
+                while len(_digests) > _CACHED_DIGESTS:
+                    del _digests[next(iter(_digests))]
+        return FileDigest(cached, st.st_size)
+    except OSError:
+        raise _unreadable(path) from None
+    finally:
+        os.close(fd)
 
 
-@functools.lru_cache(maxsize=64)
-def _sha256_cached(real: Path, size: int, mtime_ns: int) -> str:
-    # size and mtime_ns are part of the cache key only.
+_CACHED_DIGESTS = 64
+_digests: dict[tuple[int, int, int, int, int], str] = {}  # oldest first
+_digests_lock = threading.Lock()
+
+
+def _hash_descriptor(fd: int) -> str:
     digest = hashlib.sha256()
-    with real.open("rb") as stream:
+    with os.fdopen(os.dup(fd), "rb") as stream:
         while chunk := stream.read(_CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _missing(path: str | Path) -> InvalidInput:
+    return InvalidInput("model_file_missing", f"no model file at {str(path)!r}",
+                        extra={"field": "path"})
+
+
+def _unreadable(path: str | Path) -> InvalidInput:
+    return InvalidInput("model_file_unreadable", f"the model file {str(path)!r} cannot be read",
+                        extra={"field": "path"})
 
 
 def resolve_inside(models_dir: Path, path: str | Path) -> Path:
@@ -51,16 +105,21 @@ def resolve_inside(models_dir: Path, path: str | Path) -> Path:
     Relative paths are taken from `models_dir`. Symlinks are followed before the check,
     so a link pointing elsewhere is refused like `..` or a foreign absolute path: a
     client that may register models must not make the worker read arbitrary files.
+    A link loop or an unreadable path is `model_file_unreadable`, not an exception.
     """
-    root = models_dir.resolve()
-    real = (root / path).resolve()
+    try:
+        root = models_dir.resolve()
+        real = (root / path).resolve()
+        is_file = real.is_file()
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+        raise _unreadable(path) from None
     if not real.is_relative_to(root):
         raise InvalidInput(
             "model_path_outside_models_dir",
             f"model path {str(path)!r} is outside the models directory",
         )
-    if not real.is_file():
-        raise InvalidInput("model_file_missing", f"no model file at {str(path)!r}")
+    if not is_file:
+        raise _missing(path)
     return real
 
 

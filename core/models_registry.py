@@ -2,26 +2,35 @@
 The rows are kept by `core.store.models`.
 
 Registering streams the file once for its SHA-256. Before a task uses a model the
-worker calls `verified_model_file`, which re-checks size and digest (cached per
-(path, size, mtime) by `core.model_files`), so a changed file fails the task rather than
-silently running a different model.
+worker calls `verified_model_file`, which re-checks size and digest (cached per file
+identity and change time by `core.model_files`), so a changed file fails the task
+rather than silently running a different model.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Row
 
 from core.engines.base import EngineError, ModelFile
+from core.engines.registry import is_known_engine
 from core.errors import InvalidInput
-from core.model_files import resolve_inside, sha256_of
+from core.model_files import file_digest, resolve_inside
 from core.store.database import Database
 from core.store.models import find_model, insert_model
 
-_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-/")
+_MODEL_ID = re.compile(r"[A-Za-z0-9._:-]+(/[A-Za-z0-9._:-]+)*")
+MAX_MODEL_ID = 200
+
+
+def could_be_model_id(text: str) -> bool:
+    """1..200 of `[A-Za-z0-9._:/-]`, a `/` only between two names (`org/model`): an id
+    with an empty segment could be registered but never reached by its URL."""
+    return len(text) <= MAX_MODEL_ID and _MODEL_ID.fullmatch(text) is not None
 
 
 def register(
@@ -36,14 +45,18 @@ def register(
     """Add an entry for a file inside `models_dir`; an id already taken is a conflict."""
     real = resolve_inside(models_dir, path)
     model_id = model_id or real.stem
-    if not model_id or len(model_id) > 200 or not set(model_id) <= _ID_CHARS:
-        raise InvalidInput("invalid_model_id", "a model id is 1..200 of [A-Za-z0-9._:/-]",
+    if not could_be_model_id(model_id):
+        raise InvalidInput("invalid_model_id", "a model id is 1..200 of [A-Za-z0-9._:/-], "
+                           "with `/` only between names",
                            extra={"field": "id"})
-    digest = sha256_of(real)
+    if not is_known_engine(engine):
+        raise InvalidInput("unknown_engine", "no engine of that name is installed",
+                           extra={"field": "engine"})
+    digest = file_digest(real)
     stored_path = str(real.relative_to(models_dir.resolve()))
     return insert_model(db, {
         "id": model_id, "engine": engine, "path": stored_path,
-        "size_bytes": real.stat().st_size, "sha256": digest,
+        "size_bytes": digest.size, "sha256": digest.sha256,
         "metadata_json": json.dumps(metadata or {}, separators=(",", ":"))})
 
 
@@ -58,9 +71,10 @@ def verified_model_file(db: Database, models_dir: Path, model_id: str) -> tuple[
                           retryable=False)
     try:
         real = resolve_inside(models_dir, row.path)
-    except InvalidInput as exc:
+        digest = file_digest(real)
+    except InvalidInput as exc:  # vanished, looping, swapped for another kind of file
         raise EngineError(exc.code, exc.message, retryable=False) from None
-    if real.stat().st_size != row.size_bytes or sha256_of(real) != row.sha256:
+    if digest.size != row.size_bytes or digest.sha256 != row.sha256:
         raise EngineError("model_digest_mismatch",
                           "the model file's content no longer matches its registered digest",
                           retryable=False)

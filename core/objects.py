@@ -159,7 +159,11 @@ def event_object(task: Record, response: Record | None, event: Row[Any]) -> dict
       at the top level: the Python SDK takes any streamed data with a top-level `error`
       for a broken stream and raises, which would end a stream the task outlives;
     - text deltas and `response.output_text.done` carry `logprobs` (none), which the
-      SDK's stream helper reads.
+      SDK's stream helper reads;
+    - `instructions` (up to 200,000 characters) ride only in `response.created`: every
+      later lifecycle event shows `null` there (the SDK's type allows it), so a log of
+      twenty events does not repeat them twenty times; `GET /v1/responses/{id}` shows
+      them whenever they are wanted.
     """
     data: dict[str, Any] = {"type": event.type, "sequence_number": event.seq}
     own = json.loads(event.data)
@@ -167,6 +171,8 @@ def event_object(task: Record, response: Record | None, event: Row[Any]) -> dict
     status = LIFECYCLE_STATUS.get(event.type)
     if status is not None:
         data["response"] = response_object(task, response, status=status, error=error)
+        if event.type != "response.created":
+            data["response"]["instructions"] = None
     if event.type in _WITH_LOGPROBS:
         data["logprobs"] = []
     data.update(own)

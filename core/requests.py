@@ -11,9 +11,10 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import Field, Strict, StringConstraints, field_validator
 
-from core.clock import epoch_ms
+from core.bodies import StrictBody
+from core.clock import utc_ms
 from core.engines.base import GenerationRequest
 from core.errors import InvalidInput
 from core.settings import Settings
@@ -26,16 +27,12 @@ PrintableAscii = Annotated[
 MAX_TEXT = 200_000
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class InputText(_Strict):
+class InputText(StrictBody):
     type: Literal["input_text", "output_text", "text"] = "input_text"
     text: str = Field(max_length=MAX_TEXT)
 
 
-class Message(_Strict):
+class Message(StrictBody):
     type: Literal["message"] | None = None
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[InputText] = Field(max_length=MAX_TEXT)
@@ -46,7 +43,7 @@ class Message(_Strict):
         return "".join(part.text for part in self.content)
 
 
-class ResponseRequest(_Strict):
+class ResponseRequest(StrictBody):
     model: str = Field(min_length=1, max_length=200)
     input: str | list[Message] = Field(max_length=MAX_TEXT)
     instructions: str | None = Field(default=None, max_length=MAX_TEXT)
@@ -54,9 +51,9 @@ class ResponseRequest(_Strict):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    on_restart: OnRestart = OnRestart.RETRY
+    on_restart: Annotated[OnRestart, Strict(False)] = OnRestart.RETRY
     max_attempts: int | None = Field(default=None, ge=1)
-    run_at: datetime | None = None
+    run_at: Annotated[datetime, Strict(False)] | None = None
     metadata: dict[Annotated[str, StringConstraints(max_length=64)],
                    Annotated[str, StringConstraints(max_length=512)]] = Field(
         default_factory=dict, max_length=16
@@ -65,11 +62,18 @@ class ResponseRequest(_Strict):
     background: bool = True
     stream: bool = False
 
+    @field_validator("run_at", mode="before")
+    @classmethod
+    def _a_string(cls, value: object) -> object:
+        if value is not None and not isinstance(value, str | datetime):
+            raise ValueError("must be an RFC 3339 string")  # not a number of seconds
+        return value
+
     @field_validator("run_at")
     @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            raise ValueError("run_at needs a UTC offset (RFC 3339)")
+    def _in_range(cls, value: datetime | None) -> datetime | None:
+        if value is not None:
+            utc_ms(value)  # no offset, or beyond the calendar in UTC: a 422 here
         return value
 
     @field_validator("input")
@@ -113,7 +117,7 @@ def new_task(
                                f"max_attempts: must be at most {settings.max_attempts_cap}",
                                extra={"field": "max_attempts"})
         attempts = settings.max_attempts_cap
-    run_at = None if request.run_at is None else epoch_ms(request.run_at)
+    run_at = None if request.run_at is None else utc_ms(request.run_at)
     if run_at is not None and now_ms is not None and run_at <= now_ms:
         run_at = None
     return NewTask(

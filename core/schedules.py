@@ -11,9 +11,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 from sqlalchemy import Row
 
+from core.bodies import StrictBody, field_path
 from core.clock import iso
 from core.cron import parse_cron
 from core.errors import InvalidInput
@@ -26,15 +27,13 @@ MAX_CATCH_UP = 100
 MAX_PAGE = 100
 
 
-class _ScheduleBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _ScheduleBody(StrictBody):
     cron: str
     request: dict[str, Any]
     catch_up: int = Field(1, ge=1, le=MAX_CATCH_UP)
 
 
-class _ScheduleChanges(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _ScheduleChanges(StrictBody):
     cron: str | None = None
     catch_up: int | None = Field(None, ge=1, le=MAX_CATCH_UP)
 
@@ -42,7 +41,7 @@ class _ScheduleChanges(BaseModel):
 def _validation_error(exc: ValidationError, prefix: str = "") -> InvalidInput:
     """A 422 naming the first offending field (`request.temperature`), never its value."""
     first = exc.errors(include_input=False)[0]
-    field = prefix + ".".join(str(part) for part in first["loc"])
+    field = field_path([prefix + ".".join(str(part) for part in first["loc"])])
     where = field or prefix.rstrip(".") or "body"
     return InvalidInput("validation_error", f"{where}: {first['msg']}", extra={"field": where})
 

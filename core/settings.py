@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     backoff_base_seconds: float = Field(2, gt=0)
     backoff_max_seconds: float = Field(300, gt=0)
     poll_interval_ms: int = Field(50, ge=5, le=10_000)
+    # Slow clients (docs/operations.md): a connection that sends no complete request
+    # head for this long is closed (a fresh idle one, a keep-alive one, trickled
+    # headers), and a request body that stalls this long between pieces gets a 408.
+    # 0 turns one off (only for measuring what it costs: bench/http.py).
+    http_idle_timeout_seconds: float = Field(30, ge=0, le=3600)
+    http_body_timeout_seconds: float = Field(30, ge=0, le=3600)
     # Extra engine plug-ins: comma-separated module names imported at start-up, each
     # registering engines with `core.engines.registry.register_engine`.
     engine_modules: str = ""

@@ -16,8 +16,10 @@ from typing import Any
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
+from litestar.middleware.base import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
+from litestar.plugins.pydantic import PydanticInitPlugin
 
 from core.settings import Settings
 from core.store.database import Database
@@ -34,8 +36,11 @@ from handlers import (
 from handlers.auth import bearer_auth
 from handlers.enqueuing import Enqueuer
 from handlers.errors import problem_details_plugin
+from handlers.json_body import BoundedRequest
 from handlers.live import LiveTail
+from handlers.params import unknown_ids_are_not_found
 from handlers.services import ProcessServices
+from handlers.slow_clients import bounded_body_reads
 from handlers.tokens import TokenCache
 
 LifespanHook = Callable[..., Any]
@@ -82,14 +87,25 @@ def create_app(
                         *schedules.ROUTES],
         dependencies={"services": Provide(lambda: services, sync_to_thread=False,
                                           use_cache=True)},
-        middleware=[bearer_auth()],
-        plugins=[problem_details_plugin()],
+        middleware=[DefineMiddleware(bounded_body_reads,
+                                     body_timeout_seconds=settings.http_body_timeout_seconds),
+                    bearer_auth()],
+        request_class=BoundedRequest,
+        before_request=unknown_ids_are_not_found,
+        plugins=[problem_details_plugin(), _pydantic_bodies()],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=_openapi(),
         on_startup=[tail.start, *on_startup, settle_memory],
         on_shutdown=[*on_shutdown, close],
         state=State({"services": services}),
     )
+
+
+def _pydantic_bodies() -> PydanticInitPlugin:
+    """Litestar validates a pydantic body with `strict=False` by default, which overrides
+    the model's own config; `None` lets each model decide, so `core.bodies.StrictBody`'s
+    strict JSON types hold (`"5"` is not an integer)."""
+    return PydanticInitPlugin(validate_strict=None)  # type: ignore[arg-type]
 
 
 def _openapi() -> OpenAPIConfig:

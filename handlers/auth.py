@@ -13,6 +13,7 @@ once by the process that made it and within `poll_interval_ms` by every other.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from litestar import Request
@@ -45,6 +46,22 @@ class BearerAuthentication(AbstractAuthenticationMiddleware):
         if scope is not None and not client.allows(scope):
             raise Forbidden("missing_scope", f"this call needs the {scope} scope")
         return AuthenticationResult(user=client, auth=None)
+
+
+def token_still_valid(request: ClientRequest) -> Callable[[], Awaitable[bool]]:
+    """Asks, later in a long answer (a stream), whether the caller's token still holds:
+    a revocation must end what the revoked client is still receiving."""
+    token = bearer_token(request.headers.get("authorization"))
+    tokens: TokenCache = request.app.state.services.tokens
+
+    async def still_valid() -> bool:
+        try:
+            await tokens.client(token)
+        except Unauthorized:
+            return False
+        return True
+
+    return still_valid
 
 
 def bearer_token(header: str | None) -> str:

@@ -6,8 +6,9 @@ from typing import Annotated, Any
 
 from litestar import delete, get, post
 from litestar.params import JSONBody
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import Field, StringConstraints
 
+from core.bodies import StrictBody
 from core.clients import DEFAULT_SCOPES, SCOPES, client_object, parse_scopes
 from core.errors import Forbidden
 from core.store.clients import create_pairing_code, list_clients, redeem_pairing_code, revoke
@@ -21,14 +22,12 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=200,
                                         pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
-class PairBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class PairBody(StrictBody):
     code: str = Field(min_length=1, max_length=200)
     name: Name | None = None
 
 
-class PairingCodeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class PairingCodeBody(StrictBody):
     scopes: list[str] = Field(default_factory=lambda: sorted(DEFAULT_SCOPES),
                               max_length=len(SCOPES),
                               description="scopes the new client gets: " + ", ".join(SCOPES))
@@ -65,10 +64,12 @@ async def clients_list(services: Services) -> dict[str, Any]:
 
 
 @delete("/v1/clients/{client_id:str}", opt=requires("clients:admin"), tags=["clients"])
-async def revoke_client(client_id: ClientId, services: Services) -> None:
+async def revoke_client(
+    request: ClientRequest, client_id: ClientId, services: Services
+) -> None:
     """Revoke a client (204): its token is refused from now on by this process, and by
-    every other within `poll_interval_ms`."""
-    await blocking(revoke, services.db, client_id)
+    every other within `poll_interval_ms`. Only an `admin` may revoke an `admin`."""
+    await blocking(revoke, services.db, client_id, by=request.user)
     services.tokens.forget()
 
 

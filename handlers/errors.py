@@ -25,8 +25,10 @@ from litestar.plugins.problem_details import (
 from sqlalchemy import Row
 from sqlalchemy.exc import DataError, OperationalError
 
+from core.bodies import field_path
 from core.errors import DomainError, Unauthorized
 from core.objects import task_object
+from handlers.slow_clients import BodyTimeout, ClientDisconnected
 
 log = logging.getLogger("taskward.http")
 
@@ -76,6 +78,10 @@ def problem(
 
 def problem_of(exc: Exception) -> ProblemDetailsException:
     """The problem document for any exception that reached the top of a request."""
+    if isinstance(exc, ClientDisconnected):
+        return problem(400, "client_disconnected", "the client left before its body arrived")
+    if isinstance(exc, BodyTimeout):
+        return problem(408, exc.code, exc.message, headers={"Connection": "close"})
     if isinstance(exc, DomainError):
         return _domain_problem(exc)
     if isinstance(exc, ValidationException):
@@ -119,7 +125,7 @@ def _field_error(item: dict[str, Any]) -> dict[str, str]:
     message = str(item.get("message", "invalid value"))
     if message.startswith("Invalid enum value"):  # msgspec quotes the value it was sent
         message = "not one of the allowed values"
-    return {"field": field[:200], "message": message[:300]}
+    return {"field": field_path([field]), "message": message[:200]}
 
 
 def _http_problem(exc: HTTPException) -> ProblemDetailsException:

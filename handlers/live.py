@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,17 +91,19 @@ class LiveTail:
 
 
 async def settled(
-    db: Database, tail: LiveTail, task_id: str, owner: str | None, timeout: float
+    db: Database, tail: LiveTail, task_id: str, owner: str | None, timeout: float,
+    *, read: Callable[[Database, str, str | None], Row[Any]] = get_task,
 ) -> Row[Any]:
-    """The task once it is finished, or as it stands after `timeout` seconds."""
+    """The task once it is finished, or as it stands after `timeout` seconds, as `read`
+    gives it (`core.store.tasks.get_response` for a response object)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    task = await blocking(get_task, db, task_id, owner)
+    task = await blocking(read, db, task_id, owner)
     while Status(task.status) not in TERMINAL:
         remaining = deadline - loop.time()
         if remaining <= 0:
             break
         if await tail.wait(task_id, task.last_seq, remaining):
-            task = await blocking(get_task, db, task_id, owner)
+            task = await blocking(read, db, task_id, owner)
     return task
 

@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 from litestar import delete, get, post
 from litestar.params import FromPath, JSONBody
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import Field, StringConstraints
 
-from core.errors import InvalidInput
+from core.bodies import StrictBody
 from core.model_files import DEFAULT_ENGINE
 from core.models_registry import register
 from core.objects import model_object
@@ -21,14 +21,14 @@ from core.store.database import Database
 from core.store.models import get_model, list_models, remove
 from handlers.answers import page
 from handlers.auth import requires
+from handlers.params import model_id_of
 from handlers.services import Services
 from handlers.threads import blocking
 
 _NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
 
 
-class ModelBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ModelBody(StrictBody):
     path: str = Field(
         min_length=1, max_length=1024, pattern=_NO_CONTROL,
         description="a file inside the models directory (relative to it, or absolute)")
@@ -49,7 +49,7 @@ async def models_list(services: Services) -> dict[str, Any]:
 
 @get("/v1/models/{model_id:path}", opt=requires("models:read"), tags=["models"])
 async def model_show(model_id: FromPath[str], services: Services) -> dict[str, Any]:
-    return model_object(await blocking(get_model, services.db, model_id.lstrip("/")))
+    return model_object(await blocking(get_model, services.db, model_id_of(model_id)))
 
 
 @post("/v1/models", opt=requires("models:admin"), status_code=201, tags=["models"])
@@ -60,18 +60,14 @@ async def model_register(data: JSONBody[ModelBody], services: Services) -> dict[
 
 
 def _register(db: Database, models_dir: Path, data: ModelBody) -> Any:
-    try:
-        return register(db, models_dir, data.path, model_id=data.id, engine=data.engine,
-                        metadata=data.metadata)
-    except OSError:  # unreadable, a name too long for the file system, …
-        raise InvalidInput("model_file_unreadable", "the model file cannot be read",
-                           extra={"field": "path"}) from None
+    return register(db, models_dir, data.path, model_id=data.id, engine=data.engine,
+                    metadata=data.metadata)
 
 
 @delete("/v1/models/{model_id:path}", opt=requires("models:admin"), tags=["models"])
 async def model_remove(model_id: FromPath[str], services: Services) -> None:
     """Remove the registry entry (204); the file itself is never deleted."""
-    await blocking(remove, services.db, model_id.lstrip("/"))
+    await blocking(remove, services.db, model_id_of(model_id))
 
 
 ROUTES = [models_list, model_show, model_register, model_remove]

@@ -25,9 +25,9 @@ from core.idempotency import IdempotencyClaim, parse_key, request_digest
 from core.objects import deleted_object, response_object
 from core.requests import ResponseRequest, new_task
 from core.states import TERMINAL, Status
-from core.store.tasks import cancel, delete_finished, get_task
+from core.store.tasks import cancel, delete_finished, get_response
 from handlers.answers import json_bytes, task_location
-from handlers.auth import ClientRequest, requires
+from handlers.auth import ClientRequest, requires, token_still_valid
 from handlers.live import settled
 from handlers.params import TaskId
 from handlers.services import Services
@@ -74,11 +74,12 @@ async def create_response(
         return json_bytes(outcome.body, outcome.status_code,
                           {**located, "Preference-Applied": "respond-async"})
     if data.stream:
-        return await event_stream(db, services.tail, outcome.task_id, client.id, after=0)
+        return await event_stream(db, services.tail, outcome.task_id, client.id, 0,
+                                  token_still_valid(request))
     if data.background:
         return json_bytes(outcome.body, outcome.status_code, located)
     task = await settled(db, services.tail, outcome.task_id, client.id,
-                         settings.sync_timeout_seconds)
+                         settings.sync_timeout_seconds, read=get_response)
     if Status(task.status) in TERMINAL:
         return Response(response_object(task, task), status_code=200, headers=replayed)
     return Response(response_object(task, task), status_code=202, headers=located)
@@ -103,8 +104,9 @@ async def show_response(
     owner = request.user.owner_filter
     if stream:
         return await event_stream(services.db, services.tail, response_id, owner,
-                                  resume_point(starting_after, last_event_id))
-    task = await blocking(get_task, services.db, response_id, owner)
+                                  resume_point(starting_after, last_event_id),
+                                  token_still_valid(request))
+    task = await blocking(get_response, services.db, response_id, owner)
     return Response(response_object(task, task))
 
 

@@ -10,18 +10,17 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from litestar import Response, delete, get, patch, post
-from litestar.params import Body, Parameter
+from litestar.params import Body
 
 from core.schedules import create_schedule, list_schedules, schedule_object, update_schedule
 from core.store.schedules import delete_schedule, get_schedule
 from handlers.answers import page
 from handlers.auth import ClientRequest, requires
-from handlers.params import ID_PATTERN, Cursor, PageLimit
+from handlers.params import Cursor, PageLimit, ScheduleId
 from handlers.services import Services
 from handlers.threads import blocking
 
 SCOPE = "responses:create"
-ScheduleId = Annotated[str, Parameter(pattern=ID_PATTERN, max_length=64)]
 NewScheduleBody = Annotated[dict[str, Any], Body(
     description='`{"cron": "30 7 * * 1-5", "request": <POST /v1/responses body without '
                 'run_at>, "catch_up": 1..100 (default 1)}`; cron is 5 fields, in UTC')]

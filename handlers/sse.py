@@ -10,7 +10,7 @@ terminal event, so a client that reads to the end has seen the whole life of the
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -26,6 +26,7 @@ from handlers.live import LiveTail
 from handlers.threads import blocking
 
 KEEPALIVE_SECONDS = 15.0
+AUTH_RECHECK_SECONDS = 1.0  # how soon an idle stream of a revoked client ends
 KEEPALIVE = b": keepalive\n"
 STREAM_PAGE = 100
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -69,21 +70,28 @@ def frame(event: dict[str, Any]) -> bytes:
     return f"id: {event['seq']}\nevent: {event['type']}\ndata: {data}\n\n".encode()
 
 
+StillAllowed = Callable[[], Awaitable[bool]]
+
+
 async def event_stream(
-    db: Database, tail: LiveTail, task_id: str, owner: str | None, after: int
+    db: Database, tail: LiveTail, task_id: str, owner: str | None, after: int,
+    still_allowed: StillAllowed,
 ) -> Stream:
     """`200 text/event-stream` of the events after `after`.
 
     The first page is read before answering, so an unknown task (or another client's)
-    is a proper 404 problem rather than a stream that breaks at once.
+    is a proper 404 problem rather than a stream that breaks at once. Before each later
+    page `still_allowed()` is asked whether the caller's token still holds (a revoked
+    client's streams end within a page or a keep-alive).
     """
     first = await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE)
-    return Stream(_follow(db, tail, task_id, owner, first, after), status_code=200,
-                  media_type="text/event-stream", headers=SSE_HEADERS)
+    return Stream(_follow(db, tail, task_id, owner, first, after, still_allowed),
+                  status_code=200, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def _follow(
-    db: Database, tail: LiveTail, task_id: str, owner: str | None, page: EventsPage, after: int
+    db: Database, tail: LiveTail, task_id: str, owner: str | None, page: EventsPage, after: int,
+    still_allowed: StillAllowed,
 ) -> AsyncIterator[bytes]:
     while True:
         for event in page.events:
@@ -94,10 +102,33 @@ async def _follow(
         if next_after is None:
             return
         after = next_after
-        if len(page.events) < STREAM_PAGE and not await tail.wait(task_id, after,
-                                                                   KEEPALIVE_SECONDS):
-            yield KEEPALIVE
+        if len(page.events) < STREAM_PAGE:
+            async for keepalive in _quiet_until_more(tail, task_id, after, still_allowed):
+                if keepalive is None:
+                    return
+                yield keepalive
+        if not await still_allowed():
+            return
         try:
             page = await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE)
         except NotFound:  # removed while we followed it (retention, DELETE)
             return
+
+
+async def _quiet_until_more(
+    tail: LiveTail, task_id: str, after: int, still_allowed: StillAllowed
+) -> AsyncIterator[bytes | None]:
+    """While the log holds nothing after `after`: a keep-alive every `KEEPALIVE_SECONDS`,
+    the caller's token checked every `AUTH_RECHECK_SECONDS` (None once it is revoked)."""
+    idle = 0.0
+    while True:
+        step = min(AUTH_RECHECK_SECONDS, KEEPALIVE_SECONDS)
+        if await tail.wait(task_id, after, step):
+            return
+        if not await still_allowed():
+            yield None
+            return
+        idle += step
+        if idle >= KEEPALIVE_SECONDS:
+            idle = 0.0
+            yield KEEPALIVE

@@ -15,7 +15,7 @@ from core.objects import task_object
 from core.states import Status
 from core.store.tasks import CancelOutcome, cancel, list_tasks
 from handlers.answers import page
-from handlers.auth import ClientRequest, requires
+from handlers.auth import ClientRequest, requires, token_still_valid
 from handlers.live import settled
 from handlers.params import Cursor, PageLimit, TaskId
 from handlers.services import Services
@@ -79,7 +79,8 @@ async def task_events(
     owner = request.user.owner_filter
     if "text/event-stream" in request.headers.get("accept", ""):
         return await event_stream(services.db, services.tail, task_id, owner,
-                                  resume_point(after, last_event_id))
+                                  resume_point(after, last_event_id),
+                                  token_still_valid(request))
     events = await blocking(read_events_page, services.db, task_id, owner, after, limit)
     return Response({"object": "list", "data": events.events,
                      "next_after": events.next_after(after)})

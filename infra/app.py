@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from litestar import Litestar
 
+from core.engines.registry import import_engine_modules
 from core.settings import Settings, load_settings
 from core.store.connect import open_database
 from handlers.app import LifespanHook, create_app
@@ -30,6 +31,7 @@ def serving_app(
     """The API for `settings` (default: read from the environment and taskward.toml),
     over a database of its own that the app disposes of at shutdown."""
     settings = settings or load_settings()
+    import_engine_modules(settings.engine_module_names)  # registration checks engine names
     db = open_database(settings)
     # Probes call the readiness check every few seconds; alembic would log two lines each.
     logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)

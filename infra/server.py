@@ -9,7 +9,8 @@ the API is a decision an operator makes with `--host`.
 from __future__ import annotations
 
 from granian import Granian
-from granian.constants import Interfaces, Loops
+from granian.constants import HTTPModes, Interfaces, Loops
+from granian.http import HTTP1Settings
 
 APP_FACTORY = "infra.app:serving_app"
 
@@ -21,17 +22,27 @@ def serve(
     port: int = 8000,
     workers: int = 1,
     factory: bool = True,
+    idle_timeout_seconds: float = 30,
 ) -> None:
     """Serve the ASGI app `target` ("module:attribute") until SIGINT or SIGTERM.
 
     The event loop is uvloop where installed (granian's `auto`), asyncio otherwise.
+    HTTP/1.1 only: in granian's `auto` mode a connection waits unbounded for its
+    first bytes (to tell HTTP/2's preface from HTTP/1), so an idle connection would be
+    held for ever; in HTTP/1 mode the header timeout covers it from the start (and
+    every keep-alive wait). HTTP/2 without TLS (prior knowledge) is what that costs.
+    `idle_timeout_seconds=0` restores granian's defaults (no bound on a silent client).
     """
+    bounded = idle_timeout_seconds > 0
     Granian(
         target,
         address=host,
         port=port,
         workers=workers,
         interface=Interfaces.ASGI,
+        http=HTTPModes.http1 if bounded else HTTPModes.auto,
+        http1_settings=HTTP1Settings(header_read_timeout=int(idle_timeout_seconds * 1000))
+        if bounded else None,
         loop=Loops.auto,
         factory=factory,
         log_access=False,

@@ -8,6 +8,7 @@ from pathlib import Path
 import freezegun
 import pytest
 
+import tests.engines  # noqa: F401  registers the deterministic engine in this process
 from core.clock import Clock
 from core.settings import Settings
 from core.store.connect import create_db_engine

@@ -39,6 +39,12 @@ def import_engine_modules(names: list[str]) -> None:
             ) from None
 
 
+def is_known_engine(name: str) -> bool:
+    """Whether a model entry may name `name`: a built-in engine (known without importing
+    its native library) or one a plug-in of `TASKWARD_ENGINE_MODULES` registered."""
+    return name in _BUILTIN or name in _factories
+
+
 def engine_named(name: str, options: EngineOptions) -> Engine:
     """The process's engine called `name`; `unknown_engine` when none is registered."""
     with _lock:

@@ -18,6 +18,7 @@ from core.clients import (
     IssuedCode,
     IssuedToken,
     parse_pairing_code,
+    require_may_manage,
     scope_set,
     scope_text,
 )
@@ -138,14 +139,17 @@ def list_clients(db: Database) -> list[Row[Any]]:
         return list(conn.execute(select(clients).order_by(clients.c.id)))
 
 
-def revoke(db: Database, client_id: str) -> None:
-    """Revoke a client's token for good; revoking twice is fine, an unknown id is not."""
+def revoke(db: Database, client_id: str, *, by: Client | None = None) -> None:
+    """Revoke a client's token for good; revoking twice is fine, an unknown id is not.
+    `by` is the calling client (None: an operator), held to `require_may_manage`."""
     with db.write() as conn:
+        target = conn.execute(select(clients.c.scopes).where(clients.c.id == client_id)).first()
+        if target is None:
+            raise NotFound("client_not_found", "no such client")
+        require_may_manage(by, scope_set(target.scopes))
         conn.execute(update(clients)
                      .where(clients.c.id == client_id, clients.c.revoked_at.is_(None))
                      .values(revoked_at=db.clock.now_ms()))
-        if conn.execute(select(clients.c.id).where(clients.c.id == client_id)).first() is None:
-            raise NotFound("client_not_found", "no such client")
 
 
 def first_start_admin_code(db: Database, settings: Settings) -> str | None:

@@ -4,6 +4,7 @@ that relies on it (`BEGIN IMMEDIATE` needs the driver's autocommit, WAL the prag
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ def create_db_engine(settings: Settings) -> Engine:
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite":
         if url.database and url.database != ":memory:":
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+            _owner_only(Path(url.database))
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False,
@@ -31,6 +32,28 @@ def create_db_engine(settings: Settings) -> Engine:
         _configure_sqlite(engine, settings)
         return engine
     return create_engine(url, pool_size=8, max_overflow=16, pool_pre_ping=False)
+
+
+def _owner_only(database: Path) -> None:
+    """Create the store's directory (0700) and file (0600) for their owner alone.
+
+    Prompts and outputs live in these files. SQLite gives `-wal` and `-shm` the mode
+    of the database file, so they follow. Existing files are narrowed too (a store
+    made by an older version was 0644); an existing directory is the operator's and is
+    left as it is, unless this call created it.
+    """
+    directory = database.parent
+    if not directory.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o700)
+    os.close(os.open(database, os.O_CREAT | os.O_RDWR, 0o600))
+    for path in (database, *(database.with_name(database.name + s) for s in ("-wal", "-shm"))):
+        try:
+            path.chmod(0o600)
+        except FileNotFoundError:
+            continue
+        except PermissionError:  # another user's file: theirs to narrow
+            continue
 
 
 def open_database(settings: Settings, clock: Clock | None = None) -> Database:

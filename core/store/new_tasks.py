@@ -22,7 +22,7 @@ from core.objects import response_object
 from core.states import OnRestart, Status
 from core.store.bulk import insert_rows
 from core.store.database import Database
-from core.store.tasks import current_response, task_in
+from core.store.tasks import current_response, response_in, task_in
 from core.tables import IS_ACTIVE, idempotency_keys, models, responses, task_events, tasks
 
 
@@ -279,7 +279,7 @@ def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
     """A new task with the request of a failed one (the failed one stays as it was);
     the new task's row, as `task_in` reads it."""
     with db.write() as conn:
-        old = task_in(conn, task_id, None)
+        old = response_in(conn, task_id, None)  # it holds the request to repeat
         if old.status != Status.FAILED:
             raise Conflict("task_not_failed", "only a failed task can be retried")
         created = insert_task(db, conn, NewTask(

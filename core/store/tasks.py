@@ -25,29 +25,49 @@ def visible(client_id: str | None) -> list[Any]:
     return [] if client_id is None else [tasks.c.client_id == client_id]
 
 
-# Built once: `task_in` is the API's hottest read, and building a statement anew costs
+# What a task object shows: every column but the stored request and the resume
+# snapshot, each of which can be a megabyte and neither of which a task object renders.
+# Lists and task reads select these only, so reading a page never loads the bodies.
+TASK_COLUMNS = tuple(c for c in tasks.c if c.key not in {"request_json", "snapshot_json"})
+# What a response object shows besides: the request's echoed fields and the output.
+RESPONSE_COLUMNS = (*TASK_COLUMNS, tasks.c.request_json, responses.c.output_text,
+                    responses.c.input_tokens, responses.c.output_tokens)
+
+# Built once: these are the API's hottest reads, and building a statement anew costs
 # SQLAlchemy about as much as executing it.
-_TASK_WITH_RESPONSE = (
-    select(tasks, responses.c.output_text, responses.c.input_tokens, responses.c.output_tokens)
-    .outerjoin(responses, responses.c.task_id == tasks.c.id)
-    .where(tasks.c.id == bindparam("task_id"))
-)
-_OWN_TASK_WITH_RESPONSE = _TASK_WITH_RESPONSE.where(tasks.c.client_id == bindparam("client_id"))
+_BY_ID = tasks.c.id == bindparam("task_id")
+_OWNED = tasks.c.client_id == bindparam("client_id")
+_TASK = select(*TASK_COLUMNS).where(_BY_ID)
+_OWN_TASK = _TASK.where(_OWNED)
+_RESPONSE = (select(*RESPONSE_COLUMNS)
+             .outerjoin(responses, responses.c.task_id == tasks.c.id).where(_BY_ID))
+_OWN_RESPONSE = _RESPONSE.where(_OWNED)
 
 
 def get_task(db: Database, task_id: str, client_id: str | None) -> Row[Any]:
-    """The task with its response columns; another client's task is `NotFound`."""
+    """The task as a task object shows it; another client's task is `NotFound`."""
     with db.read() as conn:
         return task_in(conn, task_id, client_id)
 
 
+def get_response(db: Database, task_id: str, client_id: str | None) -> Row[Any]:
+    """The task with what its response object shows (request fields, output, usage)."""
+    with db.read() as conn:
+        return response_in(conn, task_id, client_id)
+
+
 def task_in(conn: Connection, task_id: str, client_id: str | None) -> Row[Any]:
     """`get_task` inside a transaction the caller holds."""
-    if client_id is None:
-        row = conn.execute(_TASK_WITH_RESPONSE, {"task_id": task_id}).first()
-    else:
-        row = conn.execute(_OWN_TASK_WITH_RESPONSE,
-                           {"task_id": task_id, "client_id": client_id}).first()
+    return _one(conn, _TASK if client_id is None else _OWN_TASK, task_id, client_id)
+
+
+def response_in(conn: Connection, task_id: str, client_id: str | None) -> Row[Any]:
+    """`get_response` inside a transaction the caller holds."""
+    return _one(conn, _RESPONSE if client_id is None else _OWN_RESPONSE, task_id, client_id)
+
+
+def _one(conn: Connection, query: Any, task_id: str, client_id: str | None) -> Row[Any]:
+    row = conn.execute(query, {"task_id": task_id, "client_id": client_id}).first()
     if row is None:
         raise NotFound("task_not_found", "no such task")
     return row
@@ -55,7 +75,7 @@ def task_in(conn: Connection, task_id: str, client_id: str | None) -> Row[Any]:
 
 def current_response(conn: Connection, task_id: str) -> dict[str, Any]:
     """The response object of a task as it stands now."""
-    row = task_in(conn, task_id, None)
+    row = response_in(conn, task_id, None)
     return response_object(row, row)
 
 
@@ -69,7 +89,7 @@ def list_tasks(
     after: str | None = None,
 ) -> tuple[list[Row[Any]], str | None]:
     """A page of tasks, newest first; the cursor is the last id of the page."""
-    query = select(tasks).where(*visible(client_id))
+    query = select(*TASK_COLUMNS).where(*visible(client_id))
     if status is not None:
         query = query.where(tasks.c.status == status.value)
     if dead_lettered:
@@ -81,7 +101,7 @@ def list_tasks(
 @dataclass(frozen=True)
 class CancelOutcome:
     status_code: int  # 200 cancelled now, 202 cancelling
-    task: Row[Any]
+    task: Row[Any]  # as `get_response` reads it: OpenAI's cancel answers a response
 
 
 def cancel(db: Database, task_id: str, client_id: str | None) -> CancelOutcome:
@@ -92,11 +112,11 @@ def cancel(db: Database, task_id: str, client_id: str | None) -> CancelOutcome:
         if move(conn, now=now, expected={Status.QUEUED}, where=where, to=Status.CANCELLED,
                 events=[Event("response.cancelled")],
                 values={"finished_at": now, "owner_token": None, "lease_expires_at": None}):
-            return CancelOutcome(200, task_in(conn, task_id, client_id))
+            return CancelOutcome(200, response_in(conn, task_id, client_id))
         if move(conn, now=now, expected={Status.LOADING, Status.RUNNING}, where=where,
                 to=Status.CANCELLING, events=[Event("response.cancelling")]):
-            return CancelOutcome(202, task_in(conn, task_id, client_id))
-        task = task_in(conn, task_id, client_id)
+            return CancelOutcome(202, response_in(conn, task_id, client_id))
+        task = response_in(conn, task_id, client_id)
         if task.status == Status.CANCELLING:
             return CancelOutcome(202, task)
     raise Conflict("task_already_finished", "the task has already finished",
@@ -117,11 +137,12 @@ def delete_finished(db: Database, task_id: str, client_id: str | None) -> None:
 def task_and_events(
     db: Database, task_id: str, client_id: str | None, *, after: int, limit: int
 ) -> tuple[Row[Any], list[Row[Any]]]:
-    """The task (as `get_task`) and its events after `after`, read in one snapshot, so
-    the events never run ahead of the task's `last_seq` and status."""
+    """The task (as `get_response`: events embed the response object) and its events
+    after `after`, read in one snapshot, so the events never run ahead of the task's
+    `last_seq` and status."""
     with db.read() as conn:
-        return task_in(conn, task_id, client_id), read_events(conn, task_id, after=after,
-                                                             limit=limit)
+        return response_in(conn, task_id, client_id), read_events(conn, task_id, after=after,
+                                                                 limit=limit)
 
 
 def read_events(

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from core.engines.registry import import_engine_modules
 from core.errors import DomainError
 from core.settings import Settings, SettingsError, load_settings
 from core.store.connect import open_database
@@ -48,6 +49,7 @@ def store() -> Iterator[tuple[Settings, Database]]:
     a domain error ends the command with its code and message."""
     settings = settings_or_exit()
     with database(settings) as db, domain_errors():
+        import_engine_modules(settings.engine_module_names)  # `models add` checks names
         yield settings, db
 
 

@@ -98,7 +98,8 @@ def run(host: str, port: int) -> None:
         click.echo(f"admin pairing code (one use, expires in "
                    f"{settings.pairing_code_ttl_seconds:.0f}s): {prepared.admin_code}")
     click.echo(f"serving on http://{host}:{port} with the sweeper (Ctrl-C stops both)")
-    serve_all_in_one(host=host, port=port)
+    serve_all_in_one(host=host, port=port,
+                     idle_timeout_seconds=settings.http_idle_timeout_seconds)
 
 
 def _worker_settings(**overrides: object) -> Settings:

@@ -18,7 +18,8 @@ def serve(host: str, port: int, workers: int) -> None:
     settings = settings_or_exit()
     with database(settings):
         pass
-    serve_api(host=host, port=port, workers=workers)
+    serve_api(host=host, port=port, workers=workers,
+              idle_timeout_seconds=settings.http_idle_timeout_seconds)
 
 
 COMMANDS: list[click.Command] = [serve]

@@ -88,3 +88,27 @@ def test_dead_letters_list_and_retry(run: Any, db: Database, settings: Settings)
     assert [t["id"] for t in run("dead-letters", "list", "--json")] == [failed]
     fresh = run("dead-letters", "retry", failed, "--json")
     assert fresh["id"] != failed and fresh["status"] == "queued"
+
+
+def test_models_add_refuses_a_symlink_loop_without_a_traceback(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TASKWARD_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("TASKWARD_MODELS_DIR", str(settings.models_dir))
+    monkeypatch.chdir(settings.models_dir)
+    (settings.models_dir / "a.gguf").symlink_to(settings.models_dir / "b.gguf")
+    (settings.models_dir / "b.gguf").symlink_to(settings.models_dir / "a.gguf")
+    result = CliRunner().invoke(main, ["models", "add", "a.gguf", "--engine", "test.words"])
+    assert result.exit_code == 1 and result.exception is not None
+    assert "model_file_unreadable" in result.output
+    assert isinstance(result.exception, SystemExit)  # click's clean exit, not a crash
+
+
+def test_tasks_list_survives_a_time_beyond_the_calendar(
+    run: Any, db: Database, settings: Settings
+) -> None:
+    register_test_model(db, settings.models_dir)
+    task_id = enqueue(db, NewTask(client_id="c", model="words", request_json="{}",
+                                  run_at=2**62)).task_id
+    listed = run("tasks", "list", "--json")
+    assert [t["run_at"] for t in listed if t["id"] == task_id] == ["9999-12-31T23:59:59.999Z"]

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from core import model_files
 from core.errors import InvalidInput
 from core.model_files import (
     DEFAULT_MODEL_FILE,
     default_model_source,
+    file_digest,
     install_default_model,
     resolve_inside,
     sha256_of,
@@ -35,17 +37,49 @@ def test_sha256_of_matches_hashlib_over_the_whole_file(tmp_path: Path) -> None:
     assert sha256_of(path) == hashlib.sha256(data).hexdigest()
 
 
-def test_sha256_of_hashes_an_unchanged_file_once(tmp_path: Path) -> None:
+def test_sha256_of_hashes_an_unchanged_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "model.gguf"
     path.write_bytes(b"first content")
-    first = sha256_of(path)
+    hashed: list[int] = []
+    real_hash = model_files._hash_descriptor
+    monkeypatch.setattr(model_files, "_hash_descriptor",
+                        lambda fd: hashed.append(fd) or real_hash(fd))
+    assert sha256_of(path) == sha256_of(path) == hashlib.sha256(b"first content").hexdigest()
+    assert len(hashed) == 1
+
+
+def test_a_rewrite_that_restores_size_and_mtime_is_hashed_again(tmp_path: Path) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"first content")
+    sha256_of(path)
     stat = path.stat()
 
-    # Same size and mtime: only a cache hit can still answer with the old digest.
+    # Same size and mtime: only the change time (set by the kernel) gives it away.
     path.write_bytes(b"other content")
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
-    assert sha256_of(path) == first
+    assert sha256_of(path) == hashlib.sha256(b"other content").hexdigest()
+
+
+@pytest.mark.parametrize("kind", ["loop", "directory", "fifo", "dangling"])
+def test_what_is_not_a_regular_file_is_a_clean_refusal(models_dir: Path, kind: str) -> None:
+    path = models_dir / "odd.gguf"
+    if kind == "loop":
+        path.symlink_to(models_dir / "odd2.gguf")
+        (models_dir / "odd2.gguf").symlink_to(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(models_dir / "absent.gguf")
+    with pytest.raises(InvalidInput) as refused:
+        file_digest(resolve_inside(models_dir, "odd.gguf"))
+    assert refused.value.code in {"model_file_missing", "model_file_unreadable"}
+    with pytest.raises(InvalidInput):
+        file_digest(path)  # straight to the digest, as a swap after the check would
 
 
 def test_sha256_of_rehashes_a_rewritten_file(tmp_path: Path) -> None:

@@ -1,0 +1,59 @@
+"""Request bodies that stall, and clients that leave mid-body.
+
+granian closes a connection that sends no complete request head within its header
+timeout (an idle connection, a keep-alive connection nobody reuses, headers trickled
+in), but once the head has arrived it waits for the body for ever. This ASGI
+middleware bounds the wait for each piece of the body: a client that sends nothing for
+`body_timeout_seconds` gets `408 body_timeout` with `Connection: close`, and the
+connection is released. A client that disconnects mid-body is not an error of ours:
+`ClientDisconnected` ends the request without a log line (`handlers.errors` answers
+it, to nobody, as a 400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from core.errors import DomainError
+
+
+class ClientDisconnected(Exception):
+    """The client closed its connection before its request body was complete."""
+
+
+class BodyTimeout(DomainError):
+    status = 408
+
+    def __init__(self) -> None:
+        super().__init__("body_timeout", "the request body did not arrive in time")
+
+
+def bounded_body_reads(app: ASGIApp, body_timeout_seconds: float) -> ASGIApp:
+    """`app` with each `receive` of a request body bounded by `body_timeout_seconds`
+    (0: unbounded) and a disconnect mid-body raised as `ClientDisconnected`."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        body_done = False
+
+        async def bounded_receive() -> Message:
+            nonlocal body_done
+            if body_done:  # a stream waiting for `http.disconnect`: no bound on that
+                return await receive()
+            try:
+                message = await (asyncio.wait_for(receive(), body_timeout_seconds)
+                                 if body_timeout_seconds else receive())
+            except TimeoutError:
+                raise BodyTimeout() from None
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected()
+            body_done = not message.get("more_body", False)
+            return message
+
+        await app(scope, bounded_receive, send)
+
+    return middleware
