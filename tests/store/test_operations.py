@@ -188,7 +188,7 @@ def test_progress_appends_events_snapshot_and_text_together(db: Database, model_
     row = task_row(db, claimed.task_id)
     assert row.snapshot_json == '{"pos": 2}' and row.last_seq == 5
     with db.read() as conn:
-        joined = tasks.task_in(conn, claimed.task_id, None)
+        joined = tasks.response_in(conn, claimed.task_id, None)
     assert joined.output_text == "abc" and joined.output_tokens == 2
     assert_log_sound(db, claimed.task_id)
 
@@ -378,5 +378,5 @@ def test_retry_of_a_dead_letter_makes_a_new_task(db: Database, model_id: str) ->
     returned = new_tasks.retry_failed(db, claimed.task_id, max_attempts=3)
     new = task_row(db, returned.id)
     assert new.status == "queued" and new.retry_of == claimed.task_id
-    assert returned.status == "queued" and returned.output_text == ""
+    assert returned.status == "queued" and returned.retry_of == claimed.task_id
     assert task_row(db, claimed.task_id).status == "failed"
