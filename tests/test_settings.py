@@ -82,3 +82,9 @@ def test_a_relative_models_dir_is_anchored_at_start_up(tmp_path: Path) -> None:
     # Stored model paths are relative to this directory; "./models" must mean one place.
     settings = load_settings()
     assert settings.models_dir == tmp_path / "models"
+
+
+def test_slow_client_timeouts_default_to_at_most_a_minute() -> None:
+    settings = load_settings()
+    assert 0 < settings.http_idle_timeout_seconds <= 60
+    assert 0 < settings.http_body_timeout_seconds <= 60
