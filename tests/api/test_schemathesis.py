@@ -23,7 +23,7 @@ from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 
 from core.settings import Settings
-from handlers.app import create_app
+from infra.app import serving_app
 from tests.api.helpers import MODEL_FILE
 from tests.api.served import Service
 
@@ -45,7 +45,7 @@ HOSTILE_IDS = ["garbage", "%00", "x" * 2000, "%F0%9F%98%80"]
 
 def app_routes(tmp_path: Path) -> set[tuple[str, str]]:
     """(method, path) of every route the app serves, as OpenAPI spells the path."""
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path}/routes.db"))
+    app = serving_app(Settings(database_url=f"sqlite:///{tmp_path}/routes.db"))
     return {(method, route.path.replace(":str", "").replace(":path", ""))
             for route in app.routes for method in getattr(route, "methods", ())
             if method not in {"OPTIONS", "HEAD"} and not route.path.startswith("/schema")}
