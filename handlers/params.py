@@ -10,7 +10,7 @@ A cursor is ours to hand out, so a malformed one stays a validation error.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from litestar import Request
 from litestar.params import Parameter
@@ -43,7 +43,7 @@ def model_id_of(path_value: str) -> str:
     return path_value.removeprefix("/")
 
 
-def unknown_ids_are_not_found(request: Request[object, object, object]) -> None:
+def unknown_ids_are_not_found(request: Request[Any, Any, Any]) -> None:
     for name, value in request.path_params.items():
         known = _ID_PARAMS.get(name)
         if known is None:

@@ -13,8 +13,10 @@ it, to nobody, as a 400).
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from core.errors import DomainError
 
@@ -35,12 +37,12 @@ def bounded_body_reads(app: ASGIApp, body_timeout_seconds: float) -> ASGIApp:
     (0: unbounded) and a disconnect mid-body raised as `ClientDisconnected`."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
         body_done = False
 
-        async def bounded_receive() -> Message:
+        async def bounded_receive() -> Any:  # an ASGI receive message
             nonlocal body_done
             if body_done:  # a stream waiting for `http.disconnect`: no bound on that
                 return await receive()

@@ -122,7 +122,7 @@ def hostile_requests(
     """The hand-made requests for one operation: every odd id in each path parameter,
     and, where it takes a body, every hostile body on a path of ids that exist."""
     names = [part[1:-1] for part in path.split("/") if part.startswith("{")]
-    odd = [(method, path.replace("{" + name + "}", text), None)
+    odd: list[tuple[str, str, bytes | None]] = [(method, path.replace("{" + name + "}", text), None)
            for name in names for text in HOSTILE_IDS]
     if method not in {"POST", "PATCH"}:
         return odd

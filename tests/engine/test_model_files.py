@@ -44,8 +44,12 @@ def test_sha256_of_hashes_an_unchanged_file_once(
     path.write_bytes(b"first content")
     hashed: list[int] = []
     real_hash = model_files._hash_descriptor
-    monkeypatch.setattr(model_files, "_hash_descriptor",
-                        lambda fd: hashed.append(fd) or real_hash(fd))
+
+    def counted(fd: int) -> str:
+        hashed.append(fd)
+        return real_hash(fd)
+
+    monkeypatch.setattr(model_files, "_hash_descriptor", counted)
     assert sha256_of(path) == sha256_of(path) == hashlib.sha256(b"first content").hexdigest()
     assert len(hashed) == 1
 
