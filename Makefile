@@ -4,10 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# The console's end-to-end tests drive Debian's Chromium (Playwright never downloads one).
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: install run test test-slow lint typecheck bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | $(CHROMIUM)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -17,6 +19,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(CHROMIUM):
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
 run: install
 	$(VENV)/bin/taskward run

@@ -73,6 +73,7 @@ class Settings(BaseSettings):
     # 0 turns one off (only for measuring what it costs: bench/http.py).
     http_idle_timeout_seconds: float = Field(30, ge=0, le=3600)
     http_body_timeout_seconds: float = Field(30, ge=0, le=3600)
+    console_session_hours: float = Field(8, gt=0, le=720)  # an operator console login
     # Extra engine plug-ins: comma-separated module names imported at start-up, each
     # registering engines with `core.engines.registry.register_engine`.
     engine_modules: str = ""

@@ -126,6 +126,9 @@ tasks = Table(
     _partial("ix_tasks_due", "run_at", "id", where=_QUEUED_SQL),
     _partial("ix_tasks_leases", "lease_expires_at", where=_LEASED_SQL),
     Index("ix_tasks_client", "client_id", "id"),
+    # Covers the count of live tasks by state (/metrics, the console's overview):
+    # SQLite counts it from the index alone instead of visiting every live row.
+    _partial("ix_tasks_active_status", "status", where=_ACTIVE_SQL),
     _partial("ix_tasks_node", "node_id", where=_ACTIVE_SQL),
     _partial("ix_tasks_finished", "finished_at", where=_TERMINAL_SQL),
     _partial("ix_tasks_dead", "id", where=_DEAD_SQL),
@@ -186,4 +189,14 @@ schedule_slots = Table(
     Column("slot_at", BigInteger, primary_key=True, autoincrement=False),
     Column("task_id", String(40), nullable=False),
     _ms("created_at"),
+)
+
+# A browser's login to the operator console: only the cookie secret's hash is kept, so
+# a copy of the table opens no session; deleting the row ends the session.
+console_sessions = Table(
+    "console_sessions", metadata,
+    Column("secret_hash", String(64), primary_key=True),
+    Column("client_id", String(40), nullable=False),
+    _ms("created_at"),
+    _ms("expires_at", index=True),
 )

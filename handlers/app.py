@@ -34,6 +34,7 @@ from handlers import (
     tasks,
 )
 from handlers.auth import bearer_auth
+from handlers.console.routes import console_router
 from handlers.enqueuing import Enqueuer
 from handlers.errors import problem_details_plugin
 from handlers.json_body import BoundedRequest
@@ -84,7 +85,7 @@ def create_app(
     return Litestar(
         route_handlers=[*health.ROUTES, *metrics.ROUTES, *clients.ROUTES, *models.ROUTES,
                         *responses.ROUTES, *tasks.ROUTES, *dead_letters.ROUTES,
-                        *schedules.ROUTES],
+                        *schedules.ROUTES, console_router()],
         dependencies={"services": Provide(lambda: services, sync_to_thread=False,
                                           use_cache=True)},
         middleware=[DefineMiddleware(bounded_body_reads,

@@ -7,6 +7,9 @@ a client without the scope its route names (403). A route names its scope with
 Scopes are checked here rather than by Litestar guards because Litestar copies the
 route handler for every guard call, which costs a sixth of a small request.
 
+A console page's own reads (its live tail's `EventSource`, which cannot send a header)
+are authenticated by the console session cookie instead (`handlers.console.session`).
+
 Tokens are checked through the process's `TokenCache`: a revocation is honoured at
 once by the process that made it and within `poll_interval_ms` by every other.
 """
@@ -23,6 +26,7 @@ from litestar.middleware.base import DefineMiddleware
 
 from core.clients import Client
 from core.errors import Forbidden, Unauthorized
+from handlers.console.session import console_client
 from handlers.tokens import TokenCache
 
 ClientRequest = Request[Client, Any, Any]  # `request.user` is the authenticated client
@@ -39,9 +43,11 @@ def requires(scope: str) -> dict[str, Any]:
 
 class BearerAuthentication(AbstractAuthenticationMiddleware):
     async def authenticate_request(self, connection: ASGIConnection) -> AuthenticationResult:
-        token = bearer_token(connection.headers.get("authorization"))
-        tokens: TokenCache = connection.app.state.services.tokens
-        client = await tokens.client(token)
+        client = await console_client(connection)
+        if client is None:
+            token = bearer_token(connection.headers.get("authorization"))
+            tokens: TokenCache = connection.app.state.services.tokens
+            client = await tokens.client(token)
         scope = connection.route_handler.opt.get(_SCOPE)
         if scope is not None and not client.allows(scope):
             raise Forbidden("missing_scope", f"this call needs the {scope} scope")

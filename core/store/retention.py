@@ -1,5 +1,5 @@
 """Retention: old finished tasks (with their events and responses), expired idempotency
-keys and pairing codes, removed in bounded batches.
+keys, pairing codes and console sessions, removed in bounded batches.
 
 Each batch is its own short transaction, selected through an index on an indexed
 column, so PostgreSQL never deletes millions of rows in one statement and SQLite's
@@ -20,6 +20,7 @@ from sqlalchemy import Table, delete, select, tuple_
 from core.store.database import Database
 from core.tables import (
     IS_TERMINAL,
+    console_sessions,
     idempotency_keys,
     pairing_codes,
     responses,
@@ -34,6 +35,7 @@ class Removed:
     events: int = 0
     idempotency_keys: int = 0
     pairing_codes: int = 0
+    console_sessions: int = 0
     batches: int = 0
     longest_batch_ms: float = 0.0
     finished: bool = field(default=True)
@@ -71,6 +73,7 @@ def remove_expired(
     now = db.clock.now_ms()
     removed.idempotency_keys = _expired(db, idempotency_keys, now, batch_size, max_batches)
     removed.pairing_codes = _expired(db, pairing_codes, now, batch_size, max_batches)
+    removed.console_sessions = _expired(db, console_sessions, now, batch_size, max_batches)
     return removed
 
 

@@ -84,6 +84,7 @@ def list_tasks(
     client_id: str | None,
     *,
     status: Status | None = None,
+    model: str | None = None,
     dead_lettered: bool = False,
     limit: int = 20,
     after: str | None = None,
@@ -92,6 +93,8 @@ def list_tasks(
     query = select(*TASK_COLUMNS).where(*visible(client_id))
     if status is not None:
         query = query.where(tasks.c.status == status.value)
+    if model is not None:
+        query = query.where(tasks.c.model == model)
     if dead_lettered:
         query = query.where(IS_DEAD_LETTER)
     with db.read() as conn:

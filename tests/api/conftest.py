@@ -11,13 +11,11 @@ import pytest
 from litestar.testing import TestClient
 
 from core.settings import Settings
-from core.store.connect import create_db_engine, open_database
+from core.store.connect import open_database
 from core.store.database import Database
 from infra.app import serving_app
-from infra.migrate import upgrade
 from tests.api.helpers import Caller, caller, register_test_model
-from tests.api.served import Service, running_service
-from tests.databases import copy_sqlite, private_pg_database
+from tests.api.served import Service, migrated_store, running_service
 
 
 @pytest.fixture
@@ -54,13 +52,7 @@ def service(
     """`taskward serve` with two workers and a `taskward sweeper`, on each store."""
     workdir = tmp_path_factory.mktemp(f"served-{request.param}")
     with ExitStack() as stack:
-        if request.param == "sqlite":
-            url = copy_sqlite(sqlite_template, workdir / "taskward.db")
-        else:
-            url = stack.enter_context(private_pg_database())
-            engine = create_db_engine(Settings(database_url=url))
-            upgrade(engine)
-            engine.dispose()
+        url = migrated_store(stack, request.param, workdir, sqlite_template)
         db = open_database(Settings(database_url=url))
         register_test_model(db, workdir / "models")
         db.dispose()

@@ -19,6 +19,7 @@ from sqlalchemy import event
 from core.states import ACTIVE, LEASED, TERMINAL, Status
 from core.store import claims
 from core.store.database import Database
+from core.store.finished_per_minute import finished_per_minute
 from core.store.queue_stats import queue_stats
 from core.store.recovery import expire_leases, finalise_orphaned_cancels
 from core.store.retention import remove_expired
@@ -107,3 +108,32 @@ def test_the_metrics_read_never_scans_the_tasks_table(db: Database, model_id: st
     assert len(statements) == 4
     for statement in statements:
         assert full_scans(db, statement) == [], statement[0]
+
+
+def test_the_consoles_per_minute_throughput_never_scans_the_tasks_table(
+    db: Database, model_id: str,
+) -> None:
+    for _ in range(3):
+        new_task(db, model_id)
+    with captured(db) as statements:
+        finished_per_minute(db, db.clock.now_ms())
+    assert len(statements) == 1
+    assert full_scans(db, statements[0]) == [], statements[0][0]
+
+
+def test_live_tasks_are_counted_by_state_from_one_index(db: Database, model_id: str) -> None:
+    for _ in range(3):
+        new_task(db, model_id)
+    with captured(db) as statements:
+        queue_stats(db, db.clock.now_ms())
+    [by_status] = [s for s in statements if "GROUP BY" in s[0]]
+    with db.engine.connect() as conn:
+        if db.is_sqlite:
+            plan = [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {by_status[0]}",
+                                                           by_status[1])]
+            assert any("COVERING INDEX ix_tasks_active_status" in line for line in plan), plan
+        else:
+            conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            plan = [row[0] for row in conn.exec_driver_sql(f"EXPLAIN {by_status[0]}",
+                                                           by_status[1])]
+            assert any("ix_tasks_active_status" in line for line in plan), plan

@@ -1,0 +1,139 @@
+"""What each console page shows, read through the API's own `core` functions (a page
+never runs SQL of its own).
+
+Each function takes the store and the page's `now` and returns plain objects for a
+template; `read_page` runs one on the store thread pool. The overview uses the indexed
+queries behind `/metrics` (`core.store.queue_stats`) and the per-minute counts of
+`core.store.finished_per_minute`, so it costs the live tasks, not the history.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from core.clients import client_object
+from core.objects import event_object, model_object, task_object
+from core.schedules import list_schedules, schedule_object
+from core.states import TERMINAL, Status
+from core.store.clients import list_clients
+from core.store.database import Database
+from core.store.finished_per_minute import finished_per_minute
+from core.store.models import list_models
+from core.store.queue_stats import QueueStats, queue_stats
+from core.store.tasks import list_tasks, task_and_events
+from handlers.console.chart import Chart, throughput_chart
+from handlers.threads import blocking
+
+T = TypeVar("T")
+PAGE_SIZE = 50
+EVENTS_SHOWN = 200  # a task page shows the latest this many events; the tail adds more
+
+
+async def read_page(db: Database, build: Callable[..., T], *args: Any) -> T:
+    """`build(db, now, *args)` off the event loop."""
+    return await blocking(build, db, db.clock.now_ms(), *args)
+
+
+@dataclass(frozen=True)
+class Overview:
+    now: int
+    stats: QueueStats
+    chart: Chart
+
+    @property
+    def oldest_due_wait_ms(self) -> int | None:
+        at = self.stats.oldest_due_at
+        return None if at is None else self.now - at
+
+
+def overview(db: Database, now: int) -> Overview:
+    return Overview(now, queue_stats(db, now), throughput_chart(finished_per_minute(db, now)))
+
+
+@dataclass(frozen=True)
+class TaskFilters:
+    """The task list's filters; None means any."""
+
+    status: Status | None = None
+    client_id: str | None = None
+    model: str | None = None
+
+    def query(self) -> dict[str, str]:
+        """The filters as query parameters, for links to further pages."""
+        wanted = {"status": self.status, "client": self.client_id, "model": self.model}
+        return {key: str(value) for key, value in wanted.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class TaskList:
+    tasks: list[dict[str, Any]]
+    next_cursor: str | None
+    client_names: dict[str, str]
+    model_ids: list[str]  # for the model filter
+
+
+def task_list(db: Database, _now: int, filters: TaskFilters, after: str | None,
+              dead_lettered: bool = False) -> TaskList:
+    rows, cursor = list_tasks(db, filters.client_id, status=filters.status, model=filters.model,
+                              dead_lettered=dead_lettered, limit=PAGE_SIZE, after=after)
+    return TaskList([task_object(row) for row in rows], cursor,
+                    {row.id: row.name for row in list_clients(db)},
+                    [row.id for row in list_models(db)])
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    task: dict[str, Any]
+    output_text: str
+    events: list[dict[str, Any]]
+    client_name: str
+    retry_of: str | None
+    active: bool
+
+
+def task_page(db: Database, _now: int, task_id: str) -> TaskPage:
+    """The task, its output so far and its latest events, as of one snapshot: the live
+    tail then starts right after `task["last_seq"]`, and nothing is shown twice.
+
+    The latest `EVENTS_SHOWN` are wanted: a longer log is read again from where its
+    last `EVENTS_SHOWN` begin, until a read's events reach that read's `last_seq`.
+    """
+    after = 0
+    while True:
+        row, rows = task_and_events(db, task_id, None, after=after, limit=EVENTS_SHOWN)
+        if not rows or rows[-1].seq >= row.last_seq:
+            break
+        after = row.last_seq - EVENTS_SHOWN
+    events = [event_object(row, row, event) for event in rows]
+    names = {client.id: client.name for client in list_clients(db)}
+    return TaskPage(task_object(row), row.output_text or "", events,
+                    names.get(row.client_id, ""), row.retry_of,
+                    Status(row.status) not in TERMINAL)
+
+
+def schedule_list(db: Database, _now: int,
+                  after: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    rows, cursor = list_schedules(db, None, limit=PAGE_SIZE, after=after)
+    return [schedule_object(row) for row in rows], cursor
+
+
+def client_list(db: Database, _now: int) -> list[dict[str, Any]]:
+    return [client_object(row) for row in list_clients(db)]
+
+
+def model_list(db: Database, _now: int) -> list[dict[str, Any]]:
+    return [model_object(row) for row in list_models(db)]
+
+
+def event_summary(event: dict[str, Any]) -> str:
+    """One line about an event for the log table: its text, or why it happened."""
+    data = event["data"]
+    if "delta" in data:
+        return json.dumps(data["delta"], ensure_ascii=False)
+    if "reason" in data:
+        return f"reason: {data['reason']}"
+    error = (data.get("response") or {}).get("error")
+    return f"error: {error['code']}" if error else ""

@@ -1,0 +1,102 @@
+"""The console's browser session: its cookie, who it is, and what it may be used for.
+
+The cookie holds a random session secret (`core.console_sessions`), never the admin
+token. It is HttpOnly (no script reads it), SameSite=Strict (no other site's page makes
+the browser send it) and Secure when the request came over TLS. Console pages ask for
+the session as a dependency; the API accepts the cookie only for what the console's own
+pages fetch without a token: safe methods from a same-origin page, which the browser
+marks with `Sec-Fetch-Site: same-origin` (the live tail's `EventSource`, which cannot
+send an Authorization header). Everything that changes state goes through the
+console's own forms, each checked for its CSRF token and its origin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.datastructures import Cookie
+
+from core.clients import Client
+from core.console_sessions import ConsoleSession
+from core.errors import DomainError
+from core.store.console_sessions import session_of
+from core.store.database import Database
+from handlers.services import Services
+from handlers.threads import blocking
+
+COOKIE = "taskward_console"
+SAME_ORIGIN = "same-origin"
+_SAFE_METHODS = frozenset({"GET", "HEAD"})
+
+
+class LoginRequired(DomainError):
+    """No live session: a console page answers with the login form instead."""
+
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__("login_required", "log in to the console with an admin token")
+
+
+class CsrfRefused(DomainError):
+    """A console form came without this session's CSRF token, or from another origin."""
+
+    status = 403
+
+    def __init__(self) -> None:
+        super().__init__("csrf_refused", "the form is stale or was not sent by this console; "
+                                         "reload the page and try again")
+
+
+def _read(db: Database, secret: str) -> ConsoleSession | None:
+    return session_of(db, secret, db.clock.now_ms())
+
+
+async def session_of_request(request: Request[Any, Any, Any], services: Services) -> ConsoleSession:
+    """The dependency of every console page: the live session, or `LoginRequired`."""
+    secret = request.cookies.get(COOKIE)
+    session = await blocking(_read, services.db, secret) if secret else None
+    if session is None:
+        raise LoginRequired()
+    return session
+
+
+async def console_client(connection: ASGIConnection[Any, Any, Any, Any]) -> Client | None:
+    """The admin behind a console page's own API read, or None when this request is not
+    one (the caller then asks for a bearer token as usual)."""
+    if (connection.scope.get("method") not in _SAFE_METHODS
+            or "authorization" in connection.headers
+            or connection.headers.get("sec-fetch-site") != SAME_ORIGIN):
+        return None
+    secret = connection.cookies.get(COOKIE)
+    if not secret:
+        return None
+    session = await blocking(_read, connection.app.state.services.db, secret)
+    return None if session is None else session.client
+
+
+def from_this_origin(request: Request[Any, Any, Any]) -> bool:
+    """False when the browser says the request came from another site's page: a form
+    posted from elsewhere (login CSRF included) is refused before anything is read.
+
+    `Origin` is compared by host only: behind a TLS-terminating proxy the page's origin
+    is https while this process sees http, and the host alone tells another site apart.
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in (SAME_ORIGIN, "none"):
+        return False
+    origin = request.headers.get("origin")
+    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
+
+
+def session_cookie(request: Request[Any, Any, Any], secret: str, max_age_s: int) -> Cookie:
+    return Cookie(key=COOKIE, value=secret, path="/", max_age=max_age_s, httponly=True,
+                  samesite="strict", secure=request.url.scheme == "https")
+
+
+def cleared_cookie(request: Request[Any, Any, Any]) -> Cookie:
+    return Cookie(key=COOKIE, value="", path="/", max_age=0, httponly=True, samesite="strict",
+                  secure=request.url.scheme == "https")

@@ -1,0 +1,143 @@
+"""Console login, the session cookie, CSRF and the API's narrow use of the cookie
+(SPEC section 13). Both stores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from litestar.testing import TestClient
+
+from core.clients import IssuedToken
+from core.store.clients import create_client, revoke
+from core.store.database import Database
+from tests.console.helpers import SAME_ORIGIN, Console, running
+from tests.store.helpers import new_task
+
+PAGES = ["/console", "/console/tasks", "/console/dead-letters", "/console/schedules",
+         "/console/clients", "/console/models"]
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_no_page_without_a_session(http: TestClient[Any], path: str) -> None:
+    answer = http.get(path, follow_redirects=False)
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/console/login"
+
+
+def test_login_sets_a_strict_http_only_session_cookie_without_the_token(
+    http: TestClient[Any], admin: IssuedToken,
+) -> None:
+    answer = Console(http).login(admin.token)
+    assert answer.status_code == 303 and answer.headers["location"] == "/console"
+    cookie = answer.headers["set-cookie"]
+    attributes = {part.strip().split("=")[0].lower() for part in cookie.split(";")}
+    assert {"httponly", "samesite", "path", "max-age"} <= attributes
+    assert "samesite=strict" in cookie.lower()
+    assert "secure" not in attributes  # plain HTTP here; see the TLS test below
+    assert admin.token not in cookie
+
+
+def test_the_cookie_is_secure_when_the_console_is_reached_over_tls(
+    http: TestClient[Any], admin: IssuedToken,
+) -> None:
+    answer = http.post("https://testserver.local/console/login", data={"token": admin.token},
+                       follow_redirects=False)
+    assert answer.status_code == 303
+    assert "secure" in {p.strip().lower() for p in answer.headers["set-cookie"].split(";")}
+
+
+def test_the_token_never_appears_in_a_page(console: Console, admin: IssuedToken) -> None:
+    for path in PAGES:
+        assert admin.token not in console.page(path)
+
+
+def test_login_is_refused_for_a_wrong_token(http: TestClient[Any]) -> None:
+    answer = Console(http).login("tw_not-a-token")
+    assert answer.status_code == 401
+    assert "invalid_token" in answer.text and "set-cookie" not in answer.headers
+
+
+def test_login_is_refused_for_a_client_without_admin(http: TestClient[Any], db: Database) -> None:
+    reader = create_client(db, name="reader", scopes=frozenset({"tasks:read", "clients:admin"}))
+    answer = Console(http).login(reader.token)
+    assert answer.status_code == 403
+    assert "admin_required" in answer.text and "set-cookie" not in answer.headers
+
+
+def test_login_posted_from_another_site_is_refused(http: TestClient[Any],
+                                                   admin: IssuedToken) -> None:
+    answer = http.post("/console/login", data={"token": admin.token}, follow_redirects=False,
+                       headers={"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"})
+    assert answer.status_code == 403 and "set-cookie" not in answer.headers
+
+
+def test_a_form_without_the_csrf_token_changes_nothing(console: Console, db: Database,
+                                                       model_id: str) -> None:
+    task_id = running(db, model_id)
+    for csrf in ("", "0" * 64):
+        answer = console.act(f"/console/tasks/{task_id}/cancel", csrf=csrf)
+        assert answer.status_code == 403 and "csrf_refused" in answer.text
+    assert "running" in console.page(f"/console/tasks/{task_id}")
+
+
+def test_a_form_from_another_origin_is_refused_even_with_the_token(
+    console: Console, db: Database, model_id: str,
+) -> None:
+    task_id = running(db, model_id)
+    answer = console.http.post(f"/console/tasks/{task_id}/cancel",
+                               data={"csrf": console.csrf()}, follow_redirects=False,
+                               headers={"Origin": "http://elsewhere.example"})
+    assert answer.status_code == 403
+
+
+def test_logout_ends_the_session_even_for_a_copy_of_the_cookie(console: Console) -> None:
+    copied = dict(console.http.cookies)
+    assert console.act("/console/logout").status_code == 303
+    assert console.http.get("/console", follow_redirects=False).status_code == 303
+    console.http.cookies.update(copied)
+    assert console.http.get("/console", follow_redirects=False).status_code == 303
+
+
+def test_a_revoked_clients_sessions_end(console: Console, db: Database,
+                                        admin: IssuedToken) -> None:
+    console.page("/console")
+    revoke(db, admin.client_id)
+    assert console.http.get("/console", follow_redirects=False).status_code == 303
+
+
+def test_the_api_reads_a_task_with_the_cookie_only_from_a_same_origin_page(
+    console: Console, db: Database, model_id: str,
+) -> None:
+    task_id = running(db, model_id)
+    events = f"/v1/tasks/{task_id}/events"
+    assert console.http.get(events, headers=SAME_ORIGIN).status_code == 200
+    assert console.http.get(events).status_code == 401  # no marker: a script elsewhere
+    cross = {"Sec-Fetch-Site": "cross-site"}
+    assert console.http.get(events, headers=cross).status_code == 401
+
+
+def test_the_api_never_changes_state_on_the_cookie(console: Console, db: Database,
+                                                   model_id: str) -> None:
+    task_id = running(db, model_id)
+    answer = console.http.post(f"/v1/tasks/{task_id}/cancel", headers=SAME_ORIGIN)
+    assert answer.status_code == 401
+    assert "running" in console.page(f"/console/tasks/{task_id}")
+
+
+def test_the_sse_route_streams_to_a_console_session(console: Console, db: Database,
+                                                    model_id: str) -> None:
+    task_id = new_task(db, model_id)
+    console.act(f"/console/tasks/{task_id}/cancel")  # queued -> cancelled: the log ends
+    answer = console.http.get(f"/v1/tasks/{task_id}/events",
+                              headers={**SAME_ORIGIN, "Accept": "text/event-stream"})
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    assert "event: response.cancelled" in answer.text
+
+
+def test_pages_forbid_foreign_scripts_and_framing(console: Console) -> None:
+    answer = console.http.get("/console")
+    policy = answer.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert answer.headers["cache-control"] == "no-store"

@@ -1,0 +1,180 @@
+"""Every console page renders what the store holds, and its forms change the store
+through the same functions as the API (SPEC section 13). Both stores."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from core.clients import Client, IssuedToken
+from core.console_sessions import ConsoleSession
+from core.schedules import create_schedule
+from core.settings import Settings
+from core.states import Status
+from core.store.clients import create_client
+from core.store.database import Database
+from handlers.console.render import html
+from tests.api.helpers import complete_due
+from tests.console.helpers import Console, dead_letter, running
+from tests.store.helpers import new_task, task_row
+
+
+def test_every_page_renders_for_an_admin(console: Console, db: Database, settings: Settings,
+                                         model_id: str, admin: IssuedToken) -> None:
+    done = new_task(db, model_id, input="words=3")
+    complete_due(db, text="hello from the worker ")
+    failed = dead_letter(db, model_id)
+    queued = new_task(db, model_id)
+    schedule = create_schedule(db, settings, admin.client_id,
+                               {"cron": "*/5 * * * *", "request": {"model": model_id,
+                                                                  "input": "hi"}})
+
+    overview = console.page("/console")
+    assert re.search(r'id="count-queued">1<', overview)
+    assert re.search(r'id="dead">1<', overview)
+    assert "1 completed" in overview and "<svg" in overview
+    tasks = console.page("/console/tasks")
+    assert all(task_id in tasks for task_id in (done, failed, queued))
+    page = console.page(f"/console/tasks/{done}")
+    assert "hello from the worker" in page and "response.completed" in page
+    assert failed in console.page("/console/dead-letters")
+    assert schedule.id in console.page("/console/schedules")
+    assert "operator" in console.page("/console/clients")
+    models = console.page("/console/models")
+    assert model_id in models and re.search(r"[0-9a-f]{64}", models)
+
+
+def test_the_task_list_filters_by_status_client_and_model(
+    console: Console, db: Database, model_id: str,
+) -> None:
+    mine = new_task(db, model_id, client="cli_a")
+    other = new_task(db, model_id, client="cli_b")
+    complete_due(db)
+    waiting = new_task(db, model_id, client="cli_b")
+
+    by_status = console.page("/console/tasks?status=queued&client=&model=")
+    assert waiting in by_status and other not in by_status
+    by_client = console.page("/console/tasks?client=cli_a")
+    assert mine in by_client and other not in by_client
+    assert waiting not in console.page("/console/tasks?model=another")
+
+
+def test_the_task_list_pages_by_cursor_keeping_its_filters(console: Console, db: Database,
+                                                           model_id: str) -> None:
+    ids = [new_task(db, model_id) for _ in range(55)]  # the console shows 50 a page
+    first = console.page("/console/tasks?status=queued")
+    link = re.search(r'href="(/console/tasks\?[^"]+)">Next page', first)
+    assert link, "no link to the next page"
+    second = console.page(link.group(1).replace("&amp;", "&"))
+    assert "status=queued" in link.group(1)
+    assert all(task_id in second for task_id in ids[:5])
+    assert ids[-1] in first and ids[-1] not in second
+
+
+def test_a_running_task_page_starts_its_live_tail_after_what_it_shows(
+    console: Console, db: Database, model_id: str,
+) -> None:
+    task_id = running(db, model_id)
+    page = console.page(f"/console/tasks/{task_id}")
+    last_seq = task_row(db, task_id).last_seq
+    assert f'data-url="/v1/tasks/{task_id}/events?after={last_seq}"' in page
+    assert "Cancel" in page
+
+
+def test_a_long_log_shows_its_latest_events_and_all_the_text(console: Console, db: Database,
+                                                              model_id: str) -> None:
+    task_id = running(db, model_id, words=300)
+    last_seq = task_row(db, task_id).last_seq
+    page = console.page(f"/console/tasks/{task_id}")
+    shown = [int(seq) for seq in re.findall(r"<tr><td>(\d+)</td>", page)]
+    assert shown == list(range(last_seq - 199, last_seq + 1))
+    assert "w0 w1 w2" in page and "w299 " in page
+    assert f"events?after={last_seq}" in page
+
+
+def test_cancel_from_the_task_page_cancels_a_queued_task(console: Console, db: Database,
+                                                         model_id: str) -> None:
+    task_id = new_task(db, model_id)
+    answer = console.act(f"/console/tasks/{task_id}/cancel")
+    assert answer.status_code == 303
+    assert answer.headers["location"] == f"/console/tasks/{task_id}"
+    assert task_row(db, task_id).status == Status.CANCELLED
+
+
+def test_cancel_of_a_running_task_asks_its_worker_to_stop(console: Console, db: Database,
+                                                          model_id: str) -> None:
+    task_id = running(db, model_id)
+    assert console.act(f"/console/tasks/{task_id}/cancel").status_code == 303
+    assert task_row(db, task_id).status == Status.CANCELLING
+
+
+def test_retrying_a_dead_letter_makes_a_new_task_and_opens_it(console: Console, db: Database,
+                                                              model_id: str) -> None:
+    failed = dead_letter(db, model_id)
+    answer = console.act(f"/console/tasks/{failed}/retry")
+    assert answer.status_code == 303
+    new_id = answer.headers["location"].rsplit("/", 1)[-1]
+    assert task_row(db, new_id).retry_of == failed
+    assert task_row(db, new_id).status == Status.QUEUED
+    assert f'href="/console/tasks/{failed}"' in console.page(answer.headers["location"])
+
+
+def test_deleting_a_schedule_from_the_console(console: Console, db: Database, settings: Settings,
+                                              model_id: str, admin: IssuedToken) -> None:
+    schedule = create_schedule(db, settings, admin.client_id,
+                               {"cron": "0 * * * *", "request": {"model": model_id, "input": "x"}})
+    assert console.act(f"/console/schedules/{schedule.id}/delete").status_code == 303
+    assert schedule.id not in console.page("/console/schedules")
+
+
+def test_revoking_a_client_from_the_console_refuses_its_token(console: Console, db: Database
+                                                              ) -> None:
+    worker = create_client(db, name="batch-job", scopes=frozenset({"tasks:read"}))
+    headers = {"Authorization": f"Bearer {worker.token}"}
+    assert console.http.get("/v1/tasks", headers=headers).status_code == 200
+    assert console.act(f"/console/clients/{worker.client_id}/revoke").status_code == 303
+    assert console.http.get("/v1/tasks", headers=headers).status_code == 401
+    assert "revoked" in console.page("/console/clients")
+
+
+def test_an_unknown_task_is_a_404_page_not_a_problem_document(console: Console) -> None:
+    answer = console.http.get("/console/tasks/resp_0000000000nothinghere")
+    assert answer.status_code == 404
+    assert answer.headers["content-type"].startswith("text/html")
+    assert "task_not_found" in answer.text
+
+
+def test_a_finished_task_offers_no_cancel_and_no_live_tail(console: Console, db: Database,
+                                                           model_id: str) -> None:
+    new_task(db, model_id)
+    [task_id] = complete_due(db)
+    page = console.page(f"/console/tasks/{task_id}")
+    assert 'id="live"' not in page and "/cancel" not in page
+
+
+def test_output_text_is_shown_escaped(console: Console, db: Database, model_id: str) -> None:
+    new_task(db, model_id)
+    [task_id] = complete_due(db, text="<script>alert(1)</script>")
+    page = console.page(f"/console/tasks/{task_id}")
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_metadata_of_a_task_is_listed(console: Console, db: Database, model_id: str) -> None:
+    task_id = new_task(db, model_id, metadata={"team": "search"})
+    page = console.page(f"/console/tasks/{task_id}")
+    assert "metadata.team" in page and "search" in page
+    assert json.dumps({"team": "search"}) not in page  # shown as fields, not a blob
+
+
+def test_an_upstream_model_shows_its_urls_in_place_of_a_digest() -> None:
+    # The entry shape of SPEC 10 (upstream entries come from the upstream engine's
+    # registration); rendered directly, no store involved.
+    entry = {"id": "qwen", "engine": "openai", "path": None, "size_bytes": None, "sha256": None,
+             "created_at": "2026-12-01T08:00:00.000Z", "metadata": {},
+             "upstream": {"base_urls": ["http://gpu-1:8000/v1", "http://gpu-2:8000/v1"],
+                          "model": "Qwen/Qwen2.5-7B", "api_key_env": "GPU_KEY"}}
+    session = ConsoleSession(Client("cli_x", "operator", frozenset({"admin"})), "0" * 64)
+    page = html("models.html", session=session, page="models", models=[entry]).content
+    assert "http://gpu-1:8000/v1" in page and "http://gpu-2:8000/v1" in page
+    assert "Qwen/Qwen2.5-7B" in page and "None" not in page
