@@ -23,6 +23,7 @@ from core.store.tasks import cancel
 from handlers.console.session import (
     COOKIE,
     CsrfRefused,
+    Session,
     cleared_cookie,
     from_this_origin,
     session_cookie,
@@ -69,7 +70,7 @@ async def login(request: AnyRequest, services: Services) -> Redirect:
 
 
 @post("/logout")
-async def logout(request: AnyRequest, session: ConsoleSession, services: Services) -> Redirect:
+async def logout(request: AnyRequest, session: Session, services: Services) -> Redirect:
     await _checked(request, session)
     await blocking(log_out, services.db, request.cookies.get(COOKIE, ""))
     answer = _back("/console/login")
@@ -78,7 +79,7 @@ async def logout(request: AnyRequest, session: ConsoleSession, services: Service
 
 
 @post("/tasks/{task_id:str}/cancel")
-async def cancel_task(request: AnyRequest, session: ConsoleSession, services: Services,
+async def cancel_task(request: AnyRequest, session: Session, services: Services,
                       task_id: TaskId) -> Redirect:
     await _checked(request, session)
     await writing(services.db, cancel, services.db, task_id, None)
@@ -86,7 +87,7 @@ async def cancel_task(request: AnyRequest, session: ConsoleSession, services: Se
 
 
 @post("/tasks/{task_id:str}/retry")
-async def retry_task(request: AnyRequest, session: ConsoleSession, services: Services,
+async def retry_task(request: AnyRequest, session: Session, services: Services,
                      task_id: TaskId) -> Redirect:
     """A new task with the failed one's request; the browser lands on the new task."""
     await _checked(request, session)
@@ -96,7 +97,7 @@ async def retry_task(request: AnyRequest, session: ConsoleSession, services: Ser
 
 
 @post("/schedules/{schedule_id:str}/delete")
-async def remove_schedule(request: AnyRequest, session: ConsoleSession, services: Services,
+async def remove_schedule(request: AnyRequest, session: Session, services: Services,
                           schedule_id: ScheduleId) -> Redirect:
     await _checked(request, session)
     await blocking(delete_schedule, services.db, schedule_id, None)
@@ -104,7 +105,7 @@ async def remove_schedule(request: AnyRequest, session: ConsoleSession, services
 
 
 @post("/clients/{client_id:str}/revoke")
-async def revoke_client(request: AnyRequest, session: ConsoleSession, services: Services,
+async def revoke_client(request: AnyRequest, session: Session, services: Services,
                         client_id: ClientId) -> Redirect:
     """Revoke a client; its tokens and its console sessions end at once."""
     await _checked(request, session)

@@ -7,7 +7,10 @@ files exist; no path reaches the file system.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from litestar import Response, get
+from litestar.params import Parameter
 
 from core.errors import NotFound
 from handlers.console.render import ASSETS, asset_bytes
@@ -19,7 +22,7 @@ _HEADERS = {"Cache-Control": "public, max-age=31536000, immutable",
 
 
 @get("/static/{name:str}")
-async def asset(name: str) -> Response[bytes]:
+async def asset(name: Annotated[str, Parameter(max_length=64)]) -> Response[bytes]:
     body = _FILES.get(name)
     if body is None:
         raise NotFound("asset_not_found", "no such console asset")

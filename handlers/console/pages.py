@@ -11,19 +11,19 @@ from urllib.parse import urlencode
 from litestar import get
 from litestar.params import Parameter
 
-from core.console_sessions import ConsoleSession
 from core.errors import InvalidInput
 from core.objects import LIFECYCLE_STATUS, TERMINAL_EVENTS
 from core.states import Status
 from handlers.console import reads
 from handlers.console.render import html
+from handlers.console.session import Session
 from handlers.params import ID_PATTERN, Cursor, TaskId
 from handlers.services import Services
 
 Filter = Annotated[str | None, Parameter(max_length=200)]
 _ID = re.compile(ID_PATTERN)
 _MODEL_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,200}$")  # what a registered model id can be
-# Every event type a task's log can hold (SPEC 3.2), for the live tail's listeners.
+# Every event type a task's log can hold (docs/events.md), for the live tail's listeners.
 EVENT_TYPES = (*LIFECYCLE_STATUS, "response.output_item.added", "response.content_part.added",
                "response.output_text.delta", "response.output_text.done",
                "response.content_part.done", "response.output_item.done")
@@ -50,14 +50,14 @@ def next_page(path: str, query: dict[str, str], cursor: str | None) -> str | Non
 
 
 @get("/")
-async def overview(session: ConsoleSession, services: Services) -> Any:
+async def overview(session: Session, services: Services) -> Any:
     data = await reads.read_page(services.db, reads.overview)
     return html("overview.html", session=session, page="overview", view=data)
 
 
 @get("/tasks")
 async def tasks(
-    session: ConsoleSession, services: Services, status: Filter = None,
+    session: Session, services: Services, status: Filter = None,
     client: Filter = None, model: Filter = None, after: Cursor = None,
 ) -> Any:
     filters = task_filters(status, client, model)
@@ -68,7 +68,7 @@ async def tasks(
 
 
 @get("/tasks/{task_id:str}")
-async def task(session: ConsoleSession, services: Services, task_id: TaskId) -> Any:
+async def task(session: Session, services: Services, task_id: TaskId) -> Any:
     data = await reads.read_page(services.db, reads.task_page, task_id)
     return html("task.html", session=session, page="tasks", view=data,
                 summary=reads.event_summary, event_types=list(EVENT_TYPES),
@@ -77,7 +77,7 @@ async def task(session: ConsoleSession, services: Services, task_id: TaskId) -> 
 
 
 @get("/dead-letters")
-async def dead_letters(session: ConsoleSession, services: Services,
+async def dead_letters(session: Session, services: Services,
                        after: Cursor = None) -> Any:
     data = await reads.read_page(services.db, reads.task_list, reads.TaskFilters(), after, True)
     return html("dead_letters.html", session=session, page="dead-letters", view=data,
@@ -85,20 +85,20 @@ async def dead_letters(session: ConsoleSession, services: Services,
 
 
 @get("/schedules")
-async def schedules(session: ConsoleSession, services: Services, after: Cursor = None) -> Any:
+async def schedules(session: Session, services: Services, after: Cursor = None) -> Any:
     rows, cursor = await reads.read_page(services.db, reads.schedule_list, after)
     return html("schedules.html", session=session, page="schedules", schedules=rows,
                 next_url=next_page("/console/schedules", {}, cursor))
 
 
 @get("/clients")
-async def clients(session: ConsoleSession, services: Services) -> Any:
+async def clients(session: Session, services: Services) -> Any:
     rows = await reads.read_page(services.db, reads.client_list)
     return html("clients.html", session=session, page="clients", clients=rows)
 
 
 @get("/models")
-async def models(session: ConsoleSession, services: Services) -> Any:
+async def models(session: Session, services: Services) -> Any:
     rows = await reads.read_page(services.db, reads.model_list)
     return html("models.html", session=session, page="models", models=rows)
 

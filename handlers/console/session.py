@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie
+from litestar.di import NamedDependency
 
 from core.clients import Client
 from core.console_sessions import ConsoleSession
@@ -30,6 +31,8 @@ from handlers.threads import blocking
 COOKIE = "taskward_console"
 SAME_ORIGIN = "same-origin"
 _SAFE_METHODS = frozenset({"GET", "HEAD"})
+# What a console handler's `session` parameter is annotated with (provided by name).
+Session = NamedDependency[ConsoleSession]
 
 
 class LoginRequired(DomainError):

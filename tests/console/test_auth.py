@@ -1,5 +1,5 @@
 """Console login, the session cookie, CSRF and the API's narrow use of the cookie
-(SPEC section 13). Both stores."""
+(docs/operations.md, Operator console). Both stores."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The console end to end: a real headless Chromium against real `taskward serve` and
 `taskward sweeper` processes running the deterministic test engine (tests/engines.py),
-on each store (SPEC section 13).
+on each store (docs/operations.md, Operator console).
 
 The browser logs in with an admin token, finds a new task in the list, opens it and
 watches its output grow through its own `EventSource` while the task still runs, cancels

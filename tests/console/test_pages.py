@@ -1,5 +1,5 @@
 """Every console page renders what the store holds, and its forms change the store
-through the same functions as the API (SPEC section 13). Both stores."""
+through the same functions as the API (docs/operations.md). Both stores."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def test_metadata_of_a_task_is_listed(console: Console, db: Database, model_id: 
 
 
 def test_an_upstream_model_shows_its_urls_in_place_of_a_digest() -> None:
-    # The entry shape of SPEC 10 (upstream entries come from the upstream engine's
+    # The entry shape of an upstream model (upstream entries come from the upstream engine's
     # registration); rendered directly, no store involved.
     entry = {"id": "qwen", "engine": "openai", "path": None, "size_bytes": None, "sha256": None,
              "created_at": "2026-12-01T08:00:00.000Z", "metadata": {},
