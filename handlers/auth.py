@@ -26,7 +26,7 @@ from litestar.middleware.base import DefineMiddleware
 
 from core.clients import Client
 from core.errors import Forbidden, Unauthorized
-from handlers.console.session import console_client
+from handlers.console.session import console_client, session_still_valid
 from handlers.tokens import TokenCache
 
 ClientRequest = Request[Client, Any, Any]  # `request.user` is the authenticated client
@@ -57,6 +57,9 @@ class BearerAuthentication(AbstractAuthenticationMiddleware):
 def token_still_valid(request: ClientRequest) -> Callable[[], Awaitable[bool]]:
     """Asks, later in a long answer (a stream), whether the caller's token still holds:
     a revocation must end what the revoked client is still receiving."""
+    console_check = session_still_valid(request)
+    if console_check is not None:
+        return console_check
     token = bearer_token(request.headers.get("authorization"))
     tokens: TokenCache = request.app.state.services.tokens
 

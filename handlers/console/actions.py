@@ -28,8 +28,7 @@ from handlers.console.session import (
     from_this_origin,
     session_cookie,
 )
-from handlers.params import ClientId, TaskId
-from handlers.schedules import ScheduleId
+from handlers.params import ClientId, ScheduleId, TaskId
 from handlers.services import Services
 from handlers.threads import blocking, writing
 

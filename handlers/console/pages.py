@@ -4,7 +4,6 @@ one template; forms on them post to `handlers.console.actions`."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -12,17 +11,17 @@ from litestar import get
 from litestar.params import Parameter
 
 from core.errors import InvalidInput
+from core.ids import could_be_id
+from core.models_registry import could_be_model_id
 from core.objects import LIFECYCLE_STATUS, TERMINAL_EVENTS
 from core.states import Status
 from handlers.console import reads
 from handlers.console.render import html
 from handlers.console.session import Session
-from handlers.params import ID_PATTERN, Cursor, TaskId
+from handlers.params import Cursor, TaskId
 from handlers.services import Services
 
 Filter = Annotated[str | None, Parameter(max_length=200)]
-_ID = re.compile(ID_PATTERN)
-_MODEL_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,200}$")  # what a registered model id can be
 # Every event type a task's log can hold (docs/events.md), for the live tail's listeners.
 EVENT_TYPES = (*LIFECYCLE_STATUS, "response.output_item.added", "response.content_part.added",
                "response.output_text.delta", "response.output_text.done",
@@ -36,10 +35,10 @@ def task_filters(status: str | None, client: str | None, model: str | None) -> r
     if status is not None and status not in set(Status):
         raise InvalidInput("validation_error", "status: not one of the task states",
                            extra={"field": "status"})
-    if client is not None and not _ID.match(client):
+    if client is not None and not could_be_id(client):
         raise InvalidInput("validation_error", "client: not a client id",
                            extra={"field": "client"})
-    if model is not None and not _MODEL_ID.match(model):
+    if model is not None and not could_be_model_id(model):
         raise InvalidInput("validation_error", "model: not a model id",
                            extra={"field": "model"})
     return reads.TaskFilters(Status(status) if status else None, client, model)

@@ -12,6 +12,7 @@ console's own forms, each checked for its CSRF token and its origin.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -67,18 +68,41 @@ async def session_of_request(request: Request[Any, Any, Any], services: Services
     return session
 
 
-async def console_client(connection: ASGIConnection[Any, Any, Any, Any]) -> Client | None:
-    """The admin behind a console page's own API read, or None when this request is not
-    one (the caller then asks for a bearer token as usual)."""
+def _console_read(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    """The session secret of a console page's own API read, or None when this request is
+    not one: a safe method, no Authorization header, marked same-origin by the browser."""
     if (connection.scope.get("method") not in _SAFE_METHODS
             or "authorization" in connection.headers
             or connection.headers.get("sec-fetch-site") != SAME_ORIGIN):
         return None
-    secret = connection.cookies.get(COOKIE)
-    if not secret:
+    return connection.cookies.get(COOKIE) or None
+
+
+async def console_client(connection: ASGIConnection[Any, Any, Any, Any]) -> Client | None:
+    """The admin behind a console page's own API read, or None when this request is not
+    one (the caller then asks for a bearer token as usual)."""
+    secret = _console_read(connection)
+    if secret is None:
         return None
     session = await blocking(_read, connection.app.state.services.db, secret)
     return None if session is None else session.client
+
+
+def session_still_valid(
+    connection: ASGIConnection[Any, Any, Any, Any],
+) -> Callable[[], Awaitable[bool]] | None:
+    """For a console page's own API read: asks, later in a long answer (the live tail),
+    whether its session still holds, so logging out or revoking ends the stream too.
+    None for any other request."""
+    secret = _console_read(connection)
+    if secret is None:
+        return None
+    db = connection.app.state.services.db
+
+    async def still_valid() -> bool:
+        return await blocking(_read, db, secret) is not None
+
+    return still_valid
 
 
 def from_this_origin(request: Request[Any, Any, Any]) -> bool:
