@@ -1,10 +1,12 @@
-"""The model registry: entries with verified content digests; files stay on disk.
-The rows are kept by `core.store.models`.
+"""The model registry: file entries with verified content digests (files stay on disk)
+and upstream entries that name inference servers (docs/upstream.md). The rows are kept
+by `core.store.models`.
 
-Registering streams the file once for its SHA-256. Before a task uses a model the
+Registering a file streams it once for its SHA-256. Before a task uses a model the
 worker calls `verified_model_file`, which re-checks size and digest (cached per file
 identity and change time by `core.model_files`), so a changed file fails the task
-rather than silently running a different model.
+rather than silently running a different model; for an upstream entry it returns the
+servers.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from core.engines.base import EngineError, ModelFile
+from core.engines.base import EngineError, ModelFile, ModelSource, UpstreamModel
 from core.engines.registry import is_known_engine
+from core.engines.upstream.hosts import UrlRefused, check_allowed, normalized_base_url
 from core.errors import InvalidInput
 from core.model_files import file_digest, resolve_inside
 from core.store.database import Database
@@ -25,6 +28,12 @@ from core.store.models import find_model, insert_model
 
 _MODEL_ID = re.compile(r"[A-Za-z0-9._:-]+(/[A-Za-z0-9._:-]+)*")
 MAX_MODEL_ID = 200
+UPSTREAM_ENGINE = "openai"
+DEFAULT_MAX_CONCURRENCY = 16
+DEFAULT_TIMEOUT_SECONDS = 60.0
+MAX_CONCURRENCY_LIMIT = 4096
+MAX_BASE_URLS = 16
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 def could_be_model_id(text: str) -> bool:
@@ -43,12 +52,12 @@ def register(
     metadata: dict[str, str] | None = None,
 ) -> Row[Any]:
     """Add an entry for a file inside `models_dir`; an id already taken is a conflict."""
+    if engine == UPSTREAM_ENGINE:
+        raise InvalidInput("upstream_required",
+                           f"the {UPSTREAM_ENGINE} engine needs an upstream object, not a file",
+                           extra={"field": "engine"})
     real = resolve_inside(models_dir, path)
-    model_id = model_id or real.stem
-    if not could_be_model_id(model_id):
-        raise InvalidInput("invalid_model_id", "a model id is 1..200 of [A-Za-z0-9._:/-], "
-                           "with `/` only between names",
-                           extra={"field": "id"})
+    model_id = _checked_id(model_id or real.stem)
     if not is_known_engine(engine):
         raise InvalidInput("unknown_engine", "no engine of that name is installed",
                            extra={"field": "engine"})
@@ -60,8 +69,89 @@ def register(
         "metadata_json": json.dumps(metadata or {}, separators=(",", ":"))})
 
 
-def verified_model_file(db: Database, models_dir: Path, model_id: str) -> tuple[str, ModelFile]:
-    """(engine name, model file) for a task, or a non-retryable `EngineError`.
+def _checked_id(model_id: str) -> str:
+    if not could_be_model_id(model_id):
+        raise InvalidInput("invalid_model_id", "a model id is 1..200 of [A-Za-z0-9._:/-], "
+                           "with `/` only between names",
+                           extra={"field": "id"})
+    return model_id
+
+
+def register_upstream(
+    db: Database,
+    model_id: str,
+    *,
+    base_urls: list[str],
+    model: str,
+    api_key_env: str | None = None,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    metadata: dict[str, str] | None = None,
+    allowed_hosts: tuple[str, ...] = (),
+) -> Row[Any]:
+    """Add an upstream entry: servers speaking OpenAI's Chat Completions at `base_urls`.
+
+    Refused (422, nothing stored): a URL that is not http(s)…/v1 or whose host
+    `allowed_hosts` does not match, a `max_concurrency` outside 1..4096, an
+    `api_key_env` that is not a variable name. The key itself is never read here.
+    """
+    urls = _checked_urls(base_urls, allowed_hosts)
+    if not 1 <= max_concurrency <= MAX_CONCURRENCY_LIMIT:
+        raise InvalidInput("invalid_max_concurrency",
+                           f"max_concurrency must be within 1..{MAX_CONCURRENCY_LIMIT}",
+                           extra={"field": "upstream.max_concurrency"})
+    if not 0 < timeout_seconds <= 3600:
+        raise InvalidInput("invalid_timeout", "timeout_seconds must be within (0, 3600]",
+                           extra={"field": "upstream.timeout_seconds"})
+    if api_key_env is not None and not _ENV_NAME.match(api_key_env):
+        raise InvalidInput("invalid_api_key_env", "api_key_env must be an environment "
+                           "variable name", extra={"field": "upstream.api_key_env"})
+    if not model or len(model) > 200 or not model.isprintable():
+        raise InvalidInput("invalid_upstream_model", "the upstream model name is 1..200 "
+                           "printable characters", extra={"field": "upstream.model"})
+    upstream = {"base_urls": urls, "model": model, "api_key_env": api_key_env,
+                "timeout_seconds": timeout_seconds}
+    return insert_model(db, {
+        "id": _checked_id(model_id), "engine": UPSTREAM_ENGINE, "path": None,
+        "size_bytes": None, "sha256": None,
+        "metadata_json": json.dumps(metadata or {}, separators=(",", ":")),
+        "upstream_json": json.dumps(upstream, separators=(",", ":")),
+        "max_concurrency": max_concurrency})
+
+
+def _checked_urls(base_urls: list[str], allowed_hosts: tuple[str, ...]) -> list[str]:
+    if not 1 <= len(base_urls) <= MAX_BASE_URLS:
+        raise InvalidInput("invalid_upstream_url", f"1..{MAX_BASE_URLS} base URLs",
+                           extra={"field": "upstream.base_urls"})
+    urls: list[str] = []
+    for url in base_urls:
+        try:
+            normal = normalized_base_url(url)
+            check_allowed(normal, allowed_hosts)
+        except UrlRefused as exc:
+            raise InvalidInput(exc.code, exc.message,
+                               extra={"field": "upstream.base_urls"}) from None
+        if normal not in urls:
+            urls.append(normal)
+    return urls
+
+
+def upstream_of(row: Row[Any]) -> UpstreamModel | None:
+    """The servers of an upstream entry; None for a file entry."""
+    if row.upstream_json is None:
+        return None
+    spec = json.loads(row.upstream_json)
+    return UpstreamModel(model_id=row.id, base_urls=tuple(spec["base_urls"]),
+                         model=spec["model"], api_key_env=spec.get("api_key_env"),
+                         max_concurrency=row.max_concurrency,
+                         timeout_seconds=float(spec["timeout_seconds"]))
+
+
+def verified_model_file(
+    db: Database, models_dir: Path, model_id: str
+) -> tuple[str, ModelSource]:
+    """(engine name, model file or upstream servers) for a task, or a non-retryable
+    `EngineError`.
 
     Codes: `model_not_found` (entry gone), `model_file_missing`, `model_digest_mismatch`.
     """
@@ -69,6 +159,9 @@ def verified_model_file(db: Database, models_dir: Path, model_id: str) -> tuple[
     if row is None:
         raise EngineError("model_not_found", "the task's model is no longer registered",
                           retryable=False)
+    upstream = upstream_of(row)
+    if upstream is not None:
+        return row.engine, upstream
     try:
         real = resolve_inside(models_dir, row.path)
         digest = file_digest(real)

@@ -188,6 +188,11 @@ def deleted_object(task_id: str) -> dict[str, Any]:
 
 
 def model_object(model: Row[Any]) -> dict[str, Any]:
+    """A file entry shows its path and digest; an upstream entry its servers (the name of
+    the key's variable, never a key) with path, size and digest null."""
+    upstream = None
+    if model.upstream_json is not None:
+        upstream = {**json.loads(model.upstream_json), "max_concurrency": model.max_concurrency}
     return {
         "id": model.id,
         "object": "model",
@@ -197,4 +202,5 @@ def model_object(model: Row[Any]) -> dict[str, Any]:
         "sha256": model.sha256,
         "created_at": iso(model.created_at),
         "metadata": json.loads(model.metadata_json),
+        "upstream": upstream,
     }

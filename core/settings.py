@@ -77,6 +77,12 @@ class Settings(BaseSettings):
     # Extra engine plug-ins: comma-separated module names imported at start-up, each
     # registering engines with `core.engines.registry.register_engine`.
     engine_modules: str = ""
+    # Upstream engines (docs/upstream.md): slots per process for upstream attempts, apart
+    # from the local engine's; host patterns an upstream URL must match (comma-separated,
+    # `*` wildcards; empty: any host); how long a failing base URL is skipped.
+    upstream_concurrency: int = Field(64, ge=1, le=4096)
+    upstream_allowed_hosts: str = ""
+    upstream_cooldown_seconds: float = Field(10, gt=0, le=3600)
 
     @field_validator("sweep_schedule")
     @classmethod
@@ -120,6 +126,11 @@ class Settings(BaseSettings):
     @property
     def engine_module_names(self) -> list[str]:
         return [name.strip() for name in self.engine_modules.split(",") if name.strip()]
+
+    @property
+    def upstream_host_patterns(self) -> tuple[str, ...]:
+        return tuple(p.strip().lower() for p in self.upstream_allowed_hosts.split(",")
+                     if p.strip())
 
     @property
     def is_sqlite(self) -> bool:

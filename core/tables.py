@@ -85,15 +85,36 @@ pairing_codes = Table(
     _ms("used_at", nullable=True),
 )
 
+# A file entry (path, size, digest) or an upstream entry (`upstream`, the JSON of its
+# servers, and `max_concurrency`, the fleet-wide bound a claim checks; docs/upstream.md).
 models = Table(
     "models", metadata,
     Column("id", String(200), primary_key=True),
     Column("engine", String(64), nullable=False),
-    Column("path", Text, nullable=False),
-    Column("size_bytes", BigInteger, nullable=False),
-    Column("sha256", String(64), nullable=False),
+    Column("path", Text, nullable=True),
+    Column("size_bytes", BigInteger, nullable=True),
+    Column("sha256", String(64), nullable=True),
     _ms("created_at"),
     Column("metadata", Text, key="metadata_json", nullable=False),
+    Column("upstream", Text, key="upstream_json", nullable=True),
+    Column("max_concurrency", Integer, nullable=True),
+)
+
+# Upstream failures seen by the sweepers, counted per (model, code), for /metrics.
+upstream_errors = Table(
+    "upstream_errors", metadata,
+    Column("model_id", String(200), primary_key=True),
+    Column("code", String(64), primary_key=True),
+    Column("count", BigInteger, nullable=False),
+    _ms("last_at"),
+)
+
+# Until when a sweeper skips a base URL that refused or timed out, for /metrics.
+upstream_cooldowns = Table(
+    "upstream_cooldowns", metadata,
+    Column("model_id", String(200), primary_key=True),
+    Column("base_url", String(2048), primary_key=True),
+    _ms("until"),
 )
 
 tasks = Table(
@@ -125,6 +146,8 @@ tasks = Table(
     Column("retry_of", String(40), nullable=True),
     _partial("ix_tasks_due", "run_at", "id", where=_QUEUED_SQL),
     _partial("ix_tasks_leases", "lease_expires_at", where=_LEASED_SQL),
+    # An upstream model's attempts in flight, counted by every claim of its tasks.
+    _partial("ix_tasks_model_leased", "model", "lease_expires_at", where=_LEASED_SQL),
     Index("ix_tasks_client", "client_id", "id"),
     # Covers the count of live tasks by state (/metrics, the console's overview):
     # SQLite counts it from the index alone instead of visiting every live row.

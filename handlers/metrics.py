@@ -12,11 +12,12 @@ from collections.abc import Iterator
 
 from litestar import Response, get
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from core.store.database import Database
 from core.store.queue_stats import QueueStats, queue_stats
+from core.store.upstream_health import UpstreamStats, upstream_stats
 from handlers.auth import PUBLIC_ROUTE
 from handlers.services import Services
 from handlers.threads import blocking
@@ -25,8 +26,9 @@ from handlers.threads import blocking
 class _Snapshot(Collector):
     """A prometheus_client collector that yields one read of the store."""
 
-    def __init__(self, stats: QueueStats, now_ms: int) -> None:
+    def __init__(self, stats: QueueStats, upstreams: UpstreamStats, now_ms: int) -> None:
         self._stats = stats
+        self._upstreams = upstreams
         self._now_ms = now_ms
 
     def collect(self) -> Iterator[Metric]:
@@ -50,13 +52,39 @@ class _Snapshot(Collector):
         yield GaugeMetricFamily("taskward_dead_letters",
                                 "Failed tasks whose attempts were spent.",
                                 value=stats.dead_letters)
+        yield from _upstream_metrics(self._upstreams)
+
+
+def _upstream_metrics(stats: UpstreamStats) -> Iterator[Metric]:
+    """Per upstream model (docs/upstream.md): attempts in flight fleet-wide (what its
+    `max_concurrency` bounds), errors by code, base URLs in cool-down."""
+    in_flight = GaugeMetricFamily("taskward_upstream_in_flight",
+                                  "Attempts in flight on an upstream model, fleet-wide.",
+                                  labels=["model"])
+    for model, count in stats.in_flight.items():
+        in_flight.add_metric([model], count)
+    yield in_flight
+    errors = CounterMetricFamily("taskward_upstream_errors",
+                                 "Upstream failures seen by sweepers, by error code.",
+                                 labels=["model", "code"])
+    for (model, code), count in sorted(stats.errors.items()):
+        errors.add_metric([model, code], count)
+    yield errors
+    cooling = GaugeMetricFamily("taskward_upstream_cooldown",
+                                "1 for a base URL sweepers skip after failures.",
+                                labels=["model", "base_url"])
+    for model, urls in stats.cooling.items():
+        for url in urls:
+            cooling.add_metric([model, url], 1)
+    yield cooling
 
 
 def _exposition(db: Database) -> bytes:
     now = db.clock.now_ms()
     stats = queue_stats(db, now)
+    upstreams = upstream_stats(db, now)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(stats, now))
+    registry.register(_Snapshot(stats, upstreams, now))
     return generate_latest(registry)
 
 

@@ -1,12 +1,13 @@
 """The model registry over HTTP: read with models:read, change with models:admin.
 
-Registration hashes the file (streamed, possibly gigabytes) on the store thread pool;
-the path must resolve inside the models directory, links included.
+A file entry: registration hashes the file (streamed, possibly gigabytes) on the store
+thread pool; the path must resolve inside the models directory, links included. An
+upstream entry (`engine: "openai"`, `upstream`): servers checked by the registry
+against `TASKWARD_UPSTREAM_ALLOWED_HOSTS` (docs/upstream.md).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 from litestar import delete, get, post
@@ -15,8 +16,16 @@ from pydantic import Field, StringConstraints
 
 from core.bodies import StrictBody
 from core.model_files import DEFAULT_ENGINE
-from core.models_registry import register
+from core.errors import InvalidInput
+from core.models_registry import (
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_TIMEOUT_SECONDS,
+    UPSTREAM_ENGINE,
+    register,
+    register_upstream,
+)
 from core.objects import model_object
+from core.settings import Settings
 from core.store.database import Database
 from core.store.models import get_model, list_models, remove
 from handlers.answers import page
@@ -28,14 +37,33 @@ from handlers.threads import blocking
 _NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
 
 
+class UpstreamBody(StrictBody):
+    """Inference servers speaking OpenAI's Chat Completions; ranges are checked by the
+    registry, which answers them with their own codes."""
+
+    base_urls: list[Annotated[str, StringConstraints(max_length=2048)]] = Field(
+        min_length=1, max_length=16, description="each ending in /v1")
+    model: str = Field(min_length=1, max_length=200, description="the upstream's model name")
+    api_key_env: str | None = Field(
+        default=None, max_length=128,
+        description="the environment variable holding the upstream's bearer key")
+    max_concurrency: int = Field(default=DEFAULT_MAX_CONCURRENCY,
+                                 description="attempts in flight fleet-wide, 1..4096")
+    timeout_seconds: float = Field(default=DEFAULT_TIMEOUT_SECONDS,
+                                   description="connect/read timeout, (0, 3600]")
+
+
 class ModelBody(StrictBody):
-    path: str = Field(
-        min_length=1, max_length=1024, pattern=_NO_CONTROL,
+    path: str | None = Field(
+        default=None, min_length=1, max_length=1024, pattern=_NO_CONTROL,
         description="a file inside the models directory (relative to it, or absolute)")
     id: str | None = Field(default=None, min_length=1, max_length=200,
                            description="defaults to the file name without its extension")
-    engine: str = Field(default=DEFAULT_ENGINE, min_length=1, max_length=64,
-                        pattern=r"^[A-Za-z0-9._:-]+$")
+    engine: str | None = Field(default=None, min_length=1, max_length=64,
+                               pattern=r"^[A-Za-z0-9._:-]+$",
+                               description=f"default {DEFAULT_ENGINE}; {UPSTREAM_ENGINE} "
+                                           "with `upstream`")
+    upstream: UpstreamBody | None = None
     metadata: dict[Annotated[str, StringConstraints(max_length=64)],
                    Annotated[str, StringConstraints(max_length=512)]] = Field(
         default_factory=dict, max_length=16)
@@ -55,13 +83,38 @@ async def model_show(model_id: FromPath[str], services: Services) -> dict[str, A
 @post("/v1/models", opt=requires("models:admin"), status_code=201, tags=["models"])
 async def model_register(data: JSONBody[ModelBody], services: Services) -> dict[str, Any]:
     """Register a file under the models directory; the service computes its SHA-256."""
-    row = await blocking(_register, services.db, services.settings.models_dir, data)
+    row = await blocking(_register, services.db, services.settings, data)
     return model_object(row)
 
 
-def _register(db: Database, models_dir: Path, data: ModelBody) -> Any:
-    return register(db, models_dir, data.path, model_id=data.id, engine=data.engine,
-                    metadata=data.metadata)
+def _register(db: Database, settings: Settings, data: ModelBody) -> Any:
+    if data.upstream is not None:
+        return _register_upstream(db, settings, data, data.upstream)
+    if data.path is None:
+        raise InvalidInput("validation_error", "path (a model file) or upstream is required",
+                           extra={"field": "path"})
+    return register(db, settings.models_dir, data.path, model_id=data.id,
+                    engine=data.engine or DEFAULT_ENGINE, metadata=data.metadata)
+
+
+def _register_upstream(
+    db: Database, settings: Settings, data: ModelBody, upstream: UpstreamBody
+) -> Any:
+    if data.path is not None:
+        raise InvalidInput("validation_error", "an entry has a path or an upstream, not both",
+                           extra={"field": "path"})
+    if data.engine not in (None, UPSTREAM_ENGINE):
+        raise InvalidInput("unknown_engine",
+                           f"an upstream entry is served by the {UPSTREAM_ENGINE!r} engine",
+                           extra={"field": "engine"})
+    if data.id is None:
+        raise InvalidInput("validation_error", "an upstream entry needs an id",
+                           extra={"field": "id"})
+    return register_upstream(db, data.id, base_urls=list(upstream.base_urls),
+                             model=upstream.model, api_key_env=upstream.api_key_env,
+                             max_concurrency=upstream.max_concurrency,
+                             timeout_seconds=upstream.timeout_seconds, metadata=data.metadata,
+                             allowed_hosts=settings.upstream_host_patterns)
 
 
 @delete("/v1/models/{model_id:path}", opt=requires("models:admin"), tags=["models"])

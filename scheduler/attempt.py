@@ -5,6 +5,12 @@ The runner thread owns the attempt; the lease keeper raises `cancel` or `lost`, 
 worker pool raises `hand_back` at shutdown, and the engine polls `should_stop`. Every
 flag also drops a wake-up into the runner's inbox, so the runner reacts within one
 tick instead of waiting for the engine's next chunk.
+
+An attempt also fences itself: once its lease has run out without a renewal (the store
+unreachable, say), it counts as lost whatever any thread managed to report, because its
+writes would be refused anyway and its engine is burning someone's CPU or GPU. The
+deadline is counted from a time no later than the lease's real start, so it never
+comes after the lease the store holds.
 """
 
 from __future__ import annotations
@@ -41,11 +47,16 @@ WAKE = object()  # an inbox item that carries nothing but "look at the flags"
 
 
 class Attempt:
-    def __init__(self, claim: Claim, *, clock: Clock, timeout_ms: int) -> None:
+    def __init__(
+        self, claim: Claim, *, clock: Clock, timeout_ms: int, lease_ms: int,
+        leased_at_ms: int | None = None,
+    ) -> None:
         self.claim = claim
         self.clock = clock
         self.deadline_ms = clock.now_ms() + timeout_ms
-        self.renewed_at_ms = clock.now_ms()  # the claim itself set the lease
+        self.lease_ms = lease_ms
+        # When the lease was last set (by the claim, then by each renewal), or earlier.
+        self.renewed_at_ms = clock.now_ms() if leased_at_ms is None else leased_at_ms
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._flags = {reason: threading.Event() for reason in
                        (StopReason.LOST, StopReason.CANCEL, StopReason.HAND_BACK)}
@@ -65,15 +76,23 @@ class Attempt:
     def stop_reason(self) -> StopReason | None:
         """Why the attempt must stop now, most binding reason first, or None.
 
-        A lost lease beats everything (nothing may be written any more); a cancel beats
-        a hand-back (the client asked for it); the timeout comes last.
+        A lost lease beats everything (nothing may be written any more), a lease run out
+        without renewal included; a cancel beats a hand-back (the client asked for it);
+        the timeout comes last.
         """
+        now = self.clock.now_ms()
+        if now >= self.lease_ends_ms:
+            return StopReason.LOST
         for reason in (StopReason.LOST, StopReason.CANCEL, StopReason.HAND_BACK):
             if self._flags[reason].is_set():
                 return reason
-        if self.clock.now_ms() >= self.deadline_ms:
+        if now >= self.deadline_ms:
             return StopReason.TIMEOUT
         return None
+
+    @property
+    def lease_ends_ms(self) -> int:
+        return self.renewed_at_ms + self.lease_ms
 
     def end(self) -> None:
         """The runner is done with this attempt (whatever the outcome): the engine stops."""

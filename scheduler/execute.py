@@ -25,7 +25,7 @@ from core.engines.base import (
     EngineError,
     EngineOptions,
     GenerationRequest,
-    ModelFile,
+    ModelSource,
 )
 from core.engines.registry import engine_named
 from core.errors import CancelRequested, DomainError, LeaseLost
@@ -62,7 +62,7 @@ class _Raised:
     error: BaseException
 
 
-VerifyModel = Callable[[str], tuple[str, ModelFile]]
+VerifyModel = Callable[[str], tuple[str, ModelSource]]
 Complete = Callable[[completion.Completion], None]
 
 
@@ -105,8 +105,7 @@ def _execute(
         return _fail(db, attempt, INVALID_REQUEST, "the stored request cannot be decoded")
     try:
         engine_name, model_file = verify(claim.model)
-        engine = engine_named(engine_name, EngineOptions(threads=settings.engine_threads,
-                                                         cache_size=settings.model_cache_size))
+        engine = engine_named(engine_name, engine_options(settings))
     except EngineError as exc:
         return _engine_failed(db, settings, attempt, exc)
     except DomainError as exc:  # unknown_engine: the registry names an engine we lack
@@ -119,9 +118,16 @@ def _execute(
     return _stream(db, settings, attempt, complete)
 
 
+def engine_options(settings: Settings) -> EngineOptions:
+    return EngineOptions(threads=settings.engine_threads, cache_size=settings.model_cache_size,
+                         upstream_allowed_hosts=settings.upstream_host_patterns,
+                         upstream_cooldown_seconds=settings.upstream_cooldown_seconds,
+                         upstream_concurrency=settings.upstream_concurrency)
+
+
 def _produce(
     engine: Engine,
-    model_file: ModelFile,
+    model_file: ModelSource,
     request: GenerationRequest,
     snapshot: dict[str, Any] | None,
     attempt: Attempt,
@@ -256,13 +262,19 @@ def _engine_failed(
     db: Database, settings: Settings, attempt: Attempt, error: EngineError
 ) -> Outcome:
     if error.retryable:
-        return _retry(db, settings, attempt, error.code, error.message)
+        floor_ms = int((error.retry_after_seconds or 0) * 1000)
+        return _retry(db, settings, attempt, error.code, error.message, floor_ms=floor_ms)
     return _fail(db, attempt, error.code, error.message)
 
 
-def _retry(db: Database, settings: Settings, attempt: Attempt, code: str, message: str) -> Outcome:
-    delay = retry_delay_ms(attempt.claim.attempt, base_seconds=settings.backoff_base_seconds,
-                           max_seconds=settings.backoff_max_seconds)
+def _retry(
+    db: Database, settings: Settings, attempt: Attempt, code: str, message: str, *,
+    floor_ms: int = 0,
+) -> Outcome:
+    """Back to the queue after the backoff, never sooner than `floor_ms` (Retry-After)."""
+    delay = max(floor_ms, retry_delay_ms(attempt.claim.attempt,
+                                         base_seconds=settings.backoff_base_seconds,
+                                         max_seconds=settings.backoff_max_seconds))
     requeued = worker_writes.requeue(db, attempt.task_id, attempt.claim.owner_token, delay_ms=delay,
                                      code=code, message=message)
     return Outcome.REQUEUED if requeued else Outcome.DEAD_LETTERED

@@ -77,7 +77,9 @@ class LeaseKeeper:
             return set()
 
     def _renew(self, attempt: Attempt) -> None:
-        """One heartbeat; a database error is logged and retried on the next tick."""
+        """One heartbeat; a database error is logged and retried on the next tick, until
+        the lease runs out: then the attempt stops (it fences itself, `Attempt`)."""
+        started = self._db.clock.now_ms()  # the store sets the lease from a later now
         try:
             status = worker_writes.heartbeat(self._db, attempt.task_id, attempt.claim.owner_token,
                                              lease_ms=self._lease_ms)
@@ -89,8 +91,12 @@ class LeaseKeeper:
                 log.warning("heartbeat for task %s failed (%s); retrying every tick",
                             attempt.task_id, type(exc).__name__)
                 self._failing.add(attempt.task_id)
+            if self._db.clock.now_ms() >= attempt.lease_ends_ms:
+                log.warning("task %s: lease ran out unrenewed; stopping its generation",
+                            attempt.task_id)
+                attempt.raise_flag(StopReason.LOST)
             return
         self._failing.discard(attempt.task_id)
-        attempt.renewed_at_ms = self._db.clock.now_ms()
+        attempt.renewed_at_ms = started
         if status is Status.CANCELLING:
             attempt.raise_flag(StopReason.CANCEL)

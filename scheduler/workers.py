@@ -1,6 +1,8 @@
 """A worker process's execution slots: claims into free slots, runner threads, leases.
 
-`TASKWARD_WORKER_CONCURRENCY` slots; a claim never takes more tasks than there are
+`TASKWARD_WORKER_CONCURRENCY` slots for the local engines and, apart from them,
+`TASKWARD_UPSTREAM_CONCURRENCY` slots for attempts on upstream servers (I/O, not CPU),
+so neither kind waits for the other. A claim never takes more tasks than there are
 free slots, since a claimed task waiting in memory would hold a lease nobody works on.
 Attempts that end together complete in one transaction (`GroupCommit`), and a claim
 waits a moment for slots about to free up, so short tasks cost a few transactions per
@@ -19,10 +21,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from core.engines.base import EngineError, ModelFile
+from core.engines.base import EngineError, ModelSource
+from core.engines.upstream.routing import ROUTER
 from core.models_registry import verified_model_file
 from core.settings import Settings
-from core.store import claims, completion
+from core.store import claims, completion, upstream_health
 from core.store.database import Database
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.execute import VerifyModel, execute
@@ -51,7 +54,7 @@ class Workers:
         self._db = db
         self._settings = settings
         self._on_slot_freed = on_slot_freed
-        self._slots = settings.worker_concurrency
+        self._slots = {False: settings.worker_concurrency, True: settings.upstream_concurrency}
         self._active: dict[str, Attempt] = {}
         self._backlog = False
         self._engines: list[Attempt] = []  # attempts whose engine thread may still run
@@ -64,13 +67,18 @@ class Workers:
         self._completions = GroupCommit(partial(completion.complete_all, db),
                                         running=self.running, gather_seconds=_GATHER_SECONDS,
                                         quiet_seconds=_QUIET_SECONDS)
-        self._executor = ThreadPoolExecutor(max_workers=self._slots,
+        self._executor = ThreadPoolExecutor(max_workers=sum(self._slots.values()),
                                             thread_name_prefix="taskward-runner")
         self._keeper.start()
 
     def free_slots(self) -> int:
+        """Free slots of both kinds."""
         with self._lock:
-            return self._slots - len(self._active)
+            return sum(self._free(upstream) for upstream in (False, True))
+
+    def _free(self, upstream: bool) -> int:
+        busy = sum(1 for a in self._active.values() if a.claim.upstream == upstream)
+        return self._slots[upstream] - busy
 
     def running(self) -> int:
         with self._lock:
@@ -98,18 +106,25 @@ class Workers:
 
     def claim(self) -> int:
         """Claim due work into the free slots and start it; returns how many started."""
-        free = self.free_slots()
-        if free <= 0:
+        with self._lock:
+            local, upstream = self._free(False), self._free(True)
+        if local <= 0 and upstream <= 0:
             return 0
-        taken = claims.claim(self._db, limit=free,
+        leased_at = self._db.clock.now_ms()  # no later than the lease's start
+        taken = claims.claim(self._db, limit=local, upstream_limit=upstream,
                              lease_ms=int(self._settings.lease_seconds * 1000),
                              node_id=self._settings.node_id)
         with self._lock:
-            self._backlog = len(taken) == free  # more may be due: worth gathering slots
+            # More may be due when a kind filled all its free slots: worth gathering slots.
+            self._backlog = any(
+                free > 0 and sum(1 for c in taken if c.upstream == kind) == free
+                for kind, free in ((False, local), (True, upstream)))
         timeout_ms = int(self._settings.task_timeout_seconds * 1000)
         verify = verified_once(partial(verified_model_file, self._db, self._settings.models_dir))
         for claim in taken:
-            attempt = Attempt(claim, clock=self._db.clock, timeout_ms=timeout_ms)
+            attempt = Attempt(claim, clock=self._db.clock, timeout_ms=timeout_ms,
+                              lease_ms=int(self._settings.lease_seconds * 1000),
+                              leased_at_ms=leased_at)
             with self._lock:
                 self._active[claim.task_id] = attempt
                 self.claimed += 1
@@ -126,6 +141,7 @@ class Workers:
             outcome = Outcome.LOST
         finally:
             self._keeper.drop(attempt)
+            _record_upstream_reports(self._db)
         with self._lock:
             del self._active[attempt.task_id]
             self.outcomes[outcome] += 1
@@ -174,13 +190,25 @@ class Workers:
                             thread.name)
 
 
+def _record_upstream_reports(db: Database) -> None:
+    """Write what this process's attempts saw of upstreams (errors, cool-downs) for
+    /metrics; lost, and logged, when the store is unreachable: they are monitoring."""
+    reports = ROUTER.take_reports()
+    if not reports:
+        return
+    try:
+        upstream_health.record(db, reports)
+    except Exception as exc:  # noqa: BLE001  never let monitoring break a slot
+        log.warning("upstream reports not stored (%s)", type(exc).__name__)
+
+
 def verified_once(verify: VerifyModel) -> VerifyModel:
     """`verify`, run at most once per model id: the attempts of one claim batch share
     the answer (an error included), saving a read and a stat per task."""
-    answers: dict[str, tuple[str, ModelFile] | EngineError] = {}
+    answers: dict[str, tuple[str, ModelSource] | EngineError] = {}
     lock = threading.Lock()
 
-    def check(model_id: str) -> tuple[str, ModelFile]:
+    def check(model_id: str) -> tuple[str, ModelSource]:
         with lock:
             if model_id not in answers:
                 try:

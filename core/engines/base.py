@@ -64,14 +64,40 @@ class ModelFile:
     sha256: str
 
 
-class EngineError(Exception):
-    """A failure of inference with a stable code; `retryable` decides backoff vs fail."""
+@dataclass(frozen=True)
+class UpstreamModel:
+    """An upstream entry: inference servers the user runs, reached over OpenAI's Chat
+    Completions (docs/upstream.md). `api_key_env` names the variable holding the key;
+    the key itself is read only when a request is sent."""
 
-    def __init__(self, code: str, message: str, *, retryable: bool) -> None:
+    model_id: str
+    base_urls: tuple[str, ...]
+    model: str
+    api_key_env: str | None
+    max_concurrency: int
+    timeout_seconds: float
+
+
+ModelSource = ModelFile | UpstreamModel
+"""What an engine loads: a verified file, or the servers of an upstream entry."""
+
+
+class EngineError(Exception):
+    """A failure of inference with a stable code; `retryable` decides backoff vs fail.
+
+    `retry_after_seconds` is the shortest wait before the next attempt (an upstream's
+    `Retry-After`, say): the backoff never goes below it.
+    """
+
+    def __init__(
+        self, code: str, message: str, *, retryable: bool,
+        retry_after_seconds: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retryable = retryable
+        self.retry_after_seconds = retry_after_seconds
 
 
 class LoadedModel(Protocol):
@@ -91,7 +117,7 @@ class LoadedModel(Protocol):
 class Engine(Protocol):
     name: str
 
-    def load(self, model: ModelFile) -> LoadedModel:
+    def load(self, model: ModelSource) -> LoadedModel:
         """Load (or take from the per-process cache) a model. Blocking."""
         ...
 
@@ -102,6 +128,9 @@ class EngineOptions:
 
     threads: int = 2
     cache_size: int = 2
+    upstream_allowed_hosts: tuple[str, ...] = ()  # host patterns; empty: any host
+    upstream_cooldown_seconds: float = 10.0
+    upstream_concurrency: int = 64  # the HTTP pool's connections to all upstreams
 
 
 EngineFactory = Callable[[EngineOptions], Engine]

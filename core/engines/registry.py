@@ -15,7 +15,8 @@ from core.engines.base import Engine, EngineFactory, EngineOptions
 from core.errors import DomainError
 
 # Engine name -> "module:factory", imported when the engine is first asked for.
-_BUILTIN: dict[str, str] = {"llama.cpp": "core.engines.llama:LlamaEngine"}
+_BUILTIN: dict[str, str] = {"llama.cpp": "core.engines.llama:LlamaEngine",
+                             "openai": "core.engines.upstream.engine:OpenAIEngine"}
 _factories: dict[str, EngineFactory] = {}
 _instances: dict[str, Engine] = {}
 _lock = threading.Lock()

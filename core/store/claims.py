@@ -3,6 +3,8 @@
 A claim takes due `queued` tasks and resumable `running` ones in one short transaction,
 with a fresh owner token and lease, and dead-letters those whose attempts are spent.
 Every later write of the attempt is fenced by that token (`core.store.worker_writes`).
+Tasks of upstream models fill their own slots and only as far as their models' fleet-wide
+bounds admit (`core.store.capacity`); all other tasks fill the local engine's slots.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sqlalchemy import Connection, Row, bindparam, func, select, update
 from core.engines.base import Usage
 from core.ids import new_owner_token
 from core.states import OnRestart, Status
+from core.store import capacity
 from core.store.database import Database
 from core.store.transitions import Add, Event, Held, IfNull, Locked, PerRow, move
 from core.tables import IS_LEASED, IS_QUEUED, responses, task_events, tasks
@@ -36,33 +39,56 @@ class Claim:
     output_text: str
     usage: Usage
     items_opened: int = 0  # `response.output_item.added` events already in the task's log
+    upstream: bool = False  # its model is an upstream entry: it holds an upstream slot
 
 
-def claim(db: Database, *, limit: int, lease_ms: int, node_id: str) -> list[Claim]:
-    """Take up to `limit` due tasks, oldest first, in one short transaction.
+def claim(
+    db: Database, *, limit: int, lease_ms: int, node_id: str, upstream_limit: int = 0
+) -> list[Claim]:
+    """Take up to `limit` due tasks of local models and up to `upstream_limit` of
+    upstream models (within their `max_concurrency`), oldest first, in one short
+    transaction.
 
     Resumable `running` tasks (lease expired or cleared) come before due `queued` ones.
     A task whose attempts are spent is dead-lettered here instead of being claimed.
     Every statement is built once: a claim runs for every few tasks a worker executes.
     """
-    if limit <= 0:
+    if limit <= 0 and upstream_limit <= 0:
         return []
     with db.write() as conn:
         now = db.clock.now_ms()
+        limits = capacity.upstream_limits(conn)
         owner = new_owner_token()
         # A new attempt starts without the previous one's error: a task that failed once
         # and then completed must not report that failure.
         lease = {"owner_token": owner, "lease_expires_at": now + lease_ms, "node_id": node_id,
                  "attempts": Add(1), "started_at": IfNull(now), "error_code": None,
                  "error_message": None}
-        resumable = _candidates(conn, _RESUMABLE, now, limit)
-        queued = _candidates(conn, _QUEUED, now, limit - len(resumable))
+        resumable, queued = _due(conn, _LOCAL, list(limits), now, limit)
+        if upstream_limit > 0 and limits:
+            more = _due(conn, _UPSTREAM, capacity.with_room(conn, limits, now), now,
+                        upstream_limit)
+            admitted = capacity.admit(conn, [*more[0], *more[1]], limits, now)
+            resumable += [c for c in admitted if c.status == Status.RUNNING]
+            queued += [c for c in admitted if c.status != Status.RUNNING]
         taken = _take(conn, now, resumable, Status.RUNNING, "response.in_progress", lease)
         taken += _take(conn, now, queued, Status.LOADING, "response.loading",
                        {**lease, "snapshot_json": None})
         if queued:
             reset_output(conn, [row.id for row, _ in taken if row.status == Status.LOADING], now)
-        return [_claim(candidate, row.attempts, owner) for row, candidate in taken]
+        return [_claim(candidate, row.attempts, owner, candidate.model in limits)
+                for row, candidate in taken]
+
+
+def _due(
+    conn: Connection, pool: str, models: list[str], now: int, limit: int
+) -> tuple[list[Row[Any]], list[Row[Any]]]:
+    """Resumable and queued candidates of one pool of slots: tasks of the upstream
+    `models` (`_UPSTREAM`), or of every model but those (`_LOCAL`)."""
+    if limit <= 0 or (pool == _UPSTREAM and not models):
+        return [], []
+    resumable = _candidates(conn, _RESUMABLE[pool], now, limit, models)
+    return resumable, _candidates(conn, _QUEUED[pool], now, limit - len(resumable), models)
 
 
 # How many output items earlier attempts opened (a retry opens its message at the next
@@ -95,21 +121,28 @@ def _candidates_query(*where: Any, with_output: bool) -> Any:
             .with_for_update(skip_locked=True, of=tasks))
 
 
-_RESUMABLE = _candidates_query(
+_LOCAL, _UPSTREAM = "local", "upstream"
+_POOLS = {_LOCAL: tasks.c.model.not_in(bindparam("p_models", expanding=True)),
+          _UPSTREAM: tasks.c.model.in_(bindparam("p_models", expanding=True))}
+_RESUMABLE = {pool: _candidates_query(
     IS_LEASED,
     tasks.c.status == Status.RUNNING.value,
     tasks.c.on_restart == OnRestart.RESUME.value,
     tasks.c.lease_expires_at.is_(None) | (tasks.c.lease_expires_at <= bindparam("p_now")),
+    models_term,
     with_output=True,
-)
-_QUEUED = _candidates_query(IS_QUEUED,
-                            tasks.c.run_at <= bindparam("p_now"), with_output=False)
+) for pool, models_term in _POOLS.items()}
+_QUEUED = {pool: _candidates_query(IS_QUEUED, tasks.c.run_at <= bindparam("p_now"),
+                                   models_term, with_output=False)
+           for pool, models_term in _POOLS.items()}
 
 
-def _candidates(conn: Connection, query: Any, now: int, limit: int) -> list[Row[Any]]:
+def _candidates(
+    conn: Connection, query: Any, now: int, limit: int, models: list[str]
+) -> list[Row[Any]]:
     if limit <= 0:
         return []
-    return list(conn.execute(query, {"p_now": now, "p_limit": limit}))
+    return list(conn.execute(query, {"p_now": now, "p_limit": limit, "p_models": models}))
 
 
 def _take(
@@ -136,7 +169,7 @@ def _take(
     return [(by_id[i], c) for i, c in fresh.items() if i in by_id]
 
 
-def _claim(candidate: Row[Any], attempt: int, owner: str) -> Claim:
+def _claim(candidate: Row[Any], attempt: int, owner: str, upstream: bool) -> Claim:
     resumed = candidate.status == Status.RUNNING
     return Claim(task_id=candidate.id, owner_token=owner, attempt=attempt, resumed=resumed,
                  model=candidate.model, request_json=candidate.request_json,
@@ -144,7 +177,7 @@ def _claim(candidate: Row[Any], attempt: int, owner: str) -> Claim:
                  output_text=candidate.output_text if resumed else "",
                  usage=(Usage(candidate.input_tokens, candidate.output_tokens) if resumed
                         else Usage()),
-                 items_opened=candidate.items_opened)
+                 items_opened=candidate.items_opened, upstream=upstream)
 
 
 def dead_letter(conn: Connection, now: int, where: Held | Locked, *, expected: Status) -> int:

@@ -9,7 +9,7 @@ from sqlalchemy import Row, delete, select
 from core.errors import Conflict, NotFound
 from core.store.bulk import insert_rows
 from core.store.database import Database
-from core.tables import models
+from core.tables import models, upstream_cooldowns, upstream_errors
 
 
 def insert_model(db: Database, values: dict[str, Any]) -> Row[Any]:
@@ -41,7 +41,9 @@ def list_models(db: Database) -> list[Row[Any]]:
 
 
 def remove(db: Database, model_id: str) -> None:
-    """Remove the entry; the file is never deleted."""
+    """Remove the entry (and what /metrics kept of its upstream); the file is never deleted."""
     with db.write() as conn:
         if conn.execute(delete(models).where(models.c.id == model_id)).rowcount == 0:
             raise NotFound("model_not_found", "no model is registered under that id")
+        for table in (upstream_errors, upstream_cooldowns):
+            conn.execute(delete(table).where(table.c.model_id == model_id))

@@ -13,7 +13,12 @@ import click
 
 from core.clients import ADMIN, DEFAULT_CLIENT_NAME, DEFAULT_SCOPES, client_object, parse_scopes
 from core.model_files import DEFAULT_ENGINE
-from core.models_registry import register
+from core.models_registry import (
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_TIMEOUT_SECONDS,
+    register,
+    register_upstream,
+)
 from core.objects import model_object, task_object
 from core.states import Status
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke
@@ -90,12 +95,39 @@ def models_add(path: str, model_id: str | None, engine: str, as_json: bool) -> N
     emit(model_object(row), as_json=as_json)
 
 
+@models.command("add-upstream")
+@click.argument("model_id", metavar="ID")
+@click.option("--base-url", "base_urls", multiple=True, required=True, metavar="URL",
+              help="An OpenAI-compatible server's URL ending in /v1 (repeat for several).")
+@click.option("--upstream-model", required=True, metavar="NAME",
+              help="The model's name on the upstream server.")
+@click.option("--api-key-env", default=None, metavar="VAR",
+              help="The environment variable that holds the upstream's bearer key.")
+@click.option("--max-concurrency", default=DEFAULT_MAX_CONCURRENCY, show_default=True,
+              type=int, help="Attempts in flight across all sweepers (1..4096).")
+@click.option("--timeout-seconds", default=DEFAULT_TIMEOUT_SECONDS, show_default=True,
+              type=float, help="Connect and read timeout of each upstream request.")
+@_JSON
+def models_add_upstream(
+    model_id: str, base_urls: tuple[str, ...], upstream_model: str, api_key_env: str | None,
+    max_concurrency: int, timeout_seconds: float, as_json: bool,
+) -> None:
+    """Route model ID to inference servers you run (docs/upstream.md)."""
+    with store() as (settings, db):
+        row = register_upstream(db, model_id, base_urls=list(base_urls), model=upstream_model,
+                                api_key_env=api_key_env, max_concurrency=max_concurrency,
+                                timeout_seconds=timeout_seconds,
+                                allowed_hosts=settings.upstream_host_patterns)
+    emit(model_object(row), as_json=as_json)
+
+
 @models.command("list")
 @_JSON
 def models_list(as_json: bool) -> None:
     with store() as (_, db):
         rows = [model_object(row) for row in list_models(db)]
-    emit(rows, as_json=as_json, columns=("id", "engine", "path", "size_bytes", "sha256"))
+    emit(rows, as_json=as_json,
+         columns=("id", "engine", "path", "size_bytes", "sha256", "upstream"))
 
 
 @models.command("remove")

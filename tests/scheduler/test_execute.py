@@ -223,7 +223,8 @@ def test_a_stale_worker_whose_lease_was_taken_over_writes_nothing(
         [fresh] = claims.claim(db, limit=1, lease_ms=60_000, node_id="new")
     last_seq = task_row(db, task_id).last_seq
 
-    outcome = execute(db, fast, Attempt(stale, clock=db.clock, timeout_ms=60_000))
+    outcome = execute(db, fast, Attempt(stale, clock=db.clock, timeout_ms=60_000,
+                                            lease_ms=60_000))
 
     assert outcome is Outcome.LOST
     row = task_row(db, task_id)

@@ -1,0 +1,238 @@
+"""The `openai` engine: an attempt streamed from an upstream, failing over between URLs.
+
+An attempt goes to the base URL `routing` picks. A connection that is refused, reset or
+times out cools that URL down and the attempt continues at once on another one; so does
+a retryable status (5xx, 408, 429) or a stream that breaks. Whatever was streamed before
+stays: the next URL is asked to continue it, exactly as a resumed task is, so output is
+never repeated or lost. When no URL is left the last error ends the attempt (retryable
+ones are backed off by the worker, `Retry-After` or the cool-down as the floor).
+
+The snapshot is `{"v", "text", "output_tokens", "input_tokens"}`: the text generated so
+far (all attempts of the task), the tokens it took, and the original prompt's size.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from core.engines.base import (
+    Chunk,
+    EngineError,
+    EngineOptions,
+    GenerationRequest,
+    ModelSource,
+    Snapshot,
+    UpstreamModel,
+    Usage,
+)
+from core.engines.upstream import protocol, transport
+from core.engines.upstream.hosts import UrlRefused, check_allowed
+from core.engines.upstream.routing import ROUTER, Router
+
+NAME = "openai"
+SNAPSHOT_VERSION = 1
+_POLL_SECONDS = 0.05  # how often a silent stream looks at `should_stop`
+_CONNECT_SECONDS = 10.0
+
+
+class OpenAIEngine:
+    name = NAME
+
+    def __init__(self, options: EngineOptions, router: Router = ROUTER) -> None:
+        self._options = options
+        self._router = router
+
+    def load(self, model: ModelSource) -> UpstreamLoaded:
+        """Nothing to load: the upstream holds the weights. A file entry cannot be served."""
+        if not isinstance(model, UpstreamModel):
+            raise EngineError("engine_mismatch", "the openai engine serves upstream entries only",
+                              retryable=False)
+        return UpstreamLoaded(model, self._options, self._router)
+
+
+@dataclass
+class _Progress:
+    """The attempt's output so far, carried across URLs and into snapshots."""
+
+    text: str
+    output_tokens: int
+    input_tokens: int
+
+    @classmethod
+    def of(cls, snapshot: Snapshot | None) -> _Progress:
+        if snapshot is None:
+            return cls("", 0, 0)
+        text, out, inp = (snapshot.get("text"), snapshot.get("output_tokens"),
+                          snapshot.get("input_tokens"))
+        if (snapshot.get("v") != SNAPSHOT_VERSION or not isinstance(text, str)
+                or not isinstance(out, int) or not isinstance(inp, int)):
+            raise EngineError("invalid_snapshot", "snapshot was not written by this engine",
+                              retryable=False)
+        return cls(text, out, inp)
+
+    def chunk(self, text: str) -> Chunk:
+        return Chunk(text, {"v": SNAPSHOT_VERSION, "text": self.text,
+                            "output_tokens": self.output_tokens,
+                            "input_tokens": self.input_tokens},
+                     Usage(self.input_tokens, self.output_tokens))
+
+
+class _Failover(Exception):
+    """A retryable failure on one URL: try the next one with what was streamed so far."""
+
+    def __init__(self, error: EngineError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class UpstreamLoaded:
+    def __init__(self, entry: UpstreamModel, options: EngineOptions, router: Router) -> None:
+        self._entry = entry
+        self._options = options
+        self._router = router
+
+    def generate(
+        self, request: GenerationRequest, snapshot: Snapshot | None,
+        should_stop: Callable[[], bool],
+    ) -> Iterator[Chunk]:
+        progress = _Progress.of(snapshot)
+        headers = self._headers()
+        tried: set[str] = set()
+        last: EngineError | None = None
+        while not should_stop():
+            url = self._router.pick(self._entry.base_urls, tried)
+            if url is None:
+                raise last or self._all_cooling()
+            tried.add(url)
+            try:
+                with self._router.using(url):
+                    yield from self._stream(url, headers, request, progress, should_stop)
+                return
+            except _Failover as failover:
+                last = failover.error
+
+    def _headers(self) -> dict[str, str]:
+        name = self._entry.api_key_env
+        if not name:
+            return {}
+        key = os.environ.get(name)
+        if not key:
+            raise EngineError(protocol.KEY_MISSING,
+                              f"environment variable {name} (api_key_env) is not set",
+                              retryable=False)
+        return {"Authorization": f"Bearer {key}"}
+
+    def _all_cooling(self) -> EngineError:
+        wait = self._router.cooldown_left_seconds(self._entry.base_urls)
+        return EngineError(protocol.UNAVAILABLE, "every base URL of the upstream is in "
+                           "cool-down after failures", retryable=True,
+                           retry_after_seconds=wait or None)
+
+    def _stream(
+        self, url: str, headers: dict[str, str], request: GenerationRequest,
+        progress: _Progress, should_stop: Callable[[], bool],
+    ) -> Iterator[Chunk]:
+        """One request to `url`, its deltas yielded as chunks; `_Failover` when the next
+        URL should take over, `EngineError` when no URL would do better."""
+        try:
+            check_allowed(url, self._options.upstream_allowed_hosts)
+        except UrlRefused as exc:
+            raise EngineError(exc.code, exc.message, retryable=False) from None
+        limit = request.max_output_tokens
+        left = None if limit is None else limit - progress.output_tokens
+        if left is not None and left <= 0:
+            return
+        body = protocol.chat_body(self._entry.model, request, prefix=progress.text,
+                                  max_tokens=left)
+        echo = protocol.EchoStrip(progress.text)
+        earlier_tokens = progress.output_tokens
+        finished = False
+        for piece in self._pieces(url, body, headers, should_stop):
+            if piece.prompt_tokens is not None and not earlier_tokens:
+                progress.input_tokens = piece.prompt_tokens
+            if piece.completion_tokens is not None:
+                progress.output_tokens = earlier_tokens + piece.completion_tokens
+            elif piece.text:
+                progress.output_tokens += 1  # most servers stream one token per delta
+            text = echo.push(piece.text)
+            if piece.finished:
+                text += echo.flush()
+                finished = True
+            progress.text += text
+            if text or piece.completion_tokens is not None:
+                yield progress.chunk(text)
+        if should_stop():
+            return
+        if not finished:
+            held = echo.flush()
+            if held:
+                progress.text += held
+                yield progress.chunk(held)
+            self._router.failed(self._entry.model_id, url, protocol.STREAM_BROKEN,
+                                cooldown_seconds=0)
+            raise _Failover(protocol.stream_broken(url))
+
+    def _pieces(
+        self, url: str, body: dict[str, Any], headers: dict[str, str],
+        should_stop: Callable[[], bool],
+    ) -> Iterator[protocol.Piece]:
+        """The parsed chunks of one request, until the stream ends or `should_stop`;
+        leaving early (either way) closes the connection at once."""
+        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        seconds = self._entry.timeout_seconds
+        timeout = httpx.Timeout(seconds, connect=min(seconds, _CONNECT_SECONDS))
+        stream = transport.open_stream(f"{url}/chat/completions", body, headers, timeout, inbox,
+                                       max_connections=self._options.upstream_concurrency)
+        try:
+            while True:
+                try:
+                    item = inbox.get(timeout=_POLL_SECONDS)
+                except queue.Empty:
+                    if should_stop():
+                        return
+                    continue
+                if item is transport.END:
+                    return
+                if isinstance(item, transport.Status):
+                    self._refused(url, protocol.status_error(url, item.code, item.retry_after))
+                if isinstance(item, BaseException):
+                    self._broken(url, item)
+                try:
+                    piece = protocol.parse_chunk(item, url)
+                except EngineError as error:
+                    self._refused(url, error)
+                yield piece
+                if should_stop():
+                    return
+        finally:
+            stream.cancel()
+
+    def _refused(self, url: str, error: EngineError) -> None:
+        self._router.failed(self._entry.model_id, url, error.code, cooldown_seconds=0)
+        raise _Failover(error) if error.retryable else error
+
+    def _broken(self, url: str, error: BaseException) -> None:
+        """A transport failure: refused, reset or timed out cools the URL down."""
+        if isinstance(error, httpx.TransportError):
+            what = _describe(error)
+            self._router.failed(self._entry.model_id, url, protocol.UNAVAILABLE,
+                                cooldown_seconds=self._options.upstream_cooldown_seconds)
+            raise _Failover(protocol.unavailable(url, what))
+        self._router.failed(self._entry.model_id, url, protocol.STREAM_BROKEN,
+                            cooldown_seconds=0)
+        raise _Failover(protocol.stream_broken(url))
+
+
+def _describe(error: httpx.TransportError) -> str:
+    if isinstance(error, httpx.ConnectError):
+        return "connection failed"
+    if isinstance(error, httpx.TimeoutException):
+        return "timed out"
+    return "connection broken"
+

@@ -1,0 +1,160 @@
+"""OpenAI Chat Completions streaming, as taskward speaks it to an upstream.
+
+The request: the task's messages, sampling parameters passed through, `stream: true`
+with usage. A continuation (resume, or failover mid-stream) adds the text so far as a
+trailing assistant message to be continued. The answer: `data:` chunks whose deltas
+become output; errors mapped to stable codes whose messages name the URL and status,
+never a body, a prompt or a key.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from core.engines.base import EngineError, GenerationRequest
+
+UNAVAILABLE = "upstream_unavailable"
+RATE_LIMITED = "upstream_rate_limited"
+REJECTED = "upstream_rejected"
+STREAM_BROKEN = "upstream_stream_broken"
+KEY_MISSING = "upstream_key_missing"
+_RETRYABLE_STATUSES = frozenset({408, 500, 502, 503, 504})
+_MAX_RETRY_AFTER_SECONDS = 3600.0  # a floor for the backoff, not a way to park tasks
+
+
+def chat_body(
+    model: str, request: GenerationRequest, *, prefix: str, max_tokens: int | None
+) -> dict[str, Any]:
+    """The Chat Completions body; with a `prefix`, a continuation of it.
+
+    `continue_final_message` / `add_generation_prompt` are vLLM's names for "continue
+    the trailing assistant message"; llama-server does so by itself and ignores them.
+    """
+    messages: list[dict[str, str]] = list(request.messages)
+    body: dict[str, Any] = {"model": model, "messages": messages, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if prefix:
+        body["messages"] = [*messages, {"role": "assistant", "content": prefix}]
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    for name in ("temperature", "top_p", "seed"):
+        value = getattr(request, name)
+        if value is not None:
+            body[name] = value
+    return body
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one chunk carries: text, whether generation finished, usage if reported."""
+
+    text: str = ""
+    finished: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+def parse_chunk(chunk: Any, url: str) -> Piece:
+    """One `data:` payload; an in-stream error object is an `EngineError`."""
+    if not isinstance(chunk, dict):
+        raise stream_broken(url)
+    if "error" in chunk:
+        error = chunk["error"]
+        status = error.get("code") if isinstance(error, dict) else None
+        if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+            raise EngineError(REJECTED, f"upstream {url} refused the request in its stream "
+                              f"(status {status})", retryable=False)
+        raise stream_broken(url)
+    text, finished = "", False
+    choices = chunk.get("choices") or []
+    if choices and isinstance(choices[0], dict):
+        delta = choices[0].get("delta") or {}
+        content = delta.get("content") if isinstance(delta, dict) else None
+        text = content if isinstance(content, str) else ""
+        finished = choices[0].get("finish_reason") is not None
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        return Piece(text, finished, _count(usage.get("prompt_tokens")),
+                     _count(usage.get("completion_tokens")))
+    return Piece(text, finished)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def status_error(url: str, status: int, retry_after: str | None) -> EngineError:
+    """SPEC's mapping of an HTTP status; `Retry-After` becomes the backoff's floor."""
+    floor = parse_retry_after(retry_after)
+    if status == 429:
+        return EngineError(RATE_LIMITED, f"upstream {url} answered 429", retryable=True,
+                           retry_after_seconds=floor)
+    if status in _RETRYABLE_STATUSES:
+        return EngineError(UNAVAILABLE, f"upstream {url} answered {status}", retryable=True,
+                           retry_after_seconds=floor)
+    note = " (redirects are not followed)" if 300 <= status < 400 else ""
+    return EngineError(REJECTED, f"upstream {url} answered {status}{note}", retryable=False)
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds from a `Retry-After` (delta-seconds or an HTTP date), bounded; else None."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            moment = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if moment.tzinfo is None:
+            return None
+        seconds = moment.timestamp() - (time.time() if now is None else now)
+    return min(max(0.0, seconds), _MAX_RETRY_AFTER_SECONDS)
+
+
+def unavailable(url: str, what: str) -> EngineError:
+    return EngineError(UNAVAILABLE, f"upstream {url}: {what}", retryable=True)
+
+
+def stream_broken(url: str) -> EngineError:
+    return EngineError(STREAM_BROKEN, f"upstream {url} ended its stream before finishing",
+                       retryable=True)
+
+
+class EchoStrip:
+    """Drops the continued prefix when a server streams it back first.
+
+    This machine's llama-server continues a trailing assistant message but repeats it
+    inside its first delta ("One, two, three, four, five" for "One, two, three, four,");
+    vLLM does not. Text is held only while it still could be that echo.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._held = ""
+        self._deciding = bool(prefix)
+
+    def push(self, text: str) -> str:
+        if not self._deciding:
+            return text
+        self._held += text
+        if self._held.startswith(self._prefix):
+            self._deciding = False
+            return self._held[len(self._prefix):]
+        if self._prefix.startswith(self._held):
+            return ""
+        self._deciding = False
+        return self._held
+
+    def flush(self) -> str:
+        """At the end of the stream: held text was real output after all."""
+        held, self._held = (self._held if self._deciding else ""), ""
+        self._deciding = False
+        return held

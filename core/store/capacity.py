@@ -1,0 +1,72 @@
+"""Fleet-wide concurrency of upstream models, enforced inside the claim transaction.
+
+An upstream entry's `max_concurrency` bounds its attempts in flight (leased, lease not
+yet expired) across every sweeper on every machine. The claim counts them and takes
+only what fits, in the same transaction, serialised on the model: on PostgreSQL the
+claim locks the model rows (`SELECT … FOR UPDATE`, in id order, so two claimers never
+deadlock) before it counts, and READ COMMITTED gives that count a snapshot taken after
+the other claimer committed; on SQLite the claim holds the database's one writer lock.
+An attempt whose lease ran out is not counted: its worker has stopped (it fences
+itself), and a resumable task must not be kept from its own continuation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Row, bindparam, func, select
+
+from core.tables import IS_LEASED, models, tasks
+
+_LIMITS = select(models.c.id, models.c.max_concurrency).where(
+    models.c.max_concurrency.is_not(None))
+_IN_FLIGHT = (select(tasks.c.model, func.count().label("n"))
+              .where(IS_LEASED, tasks.c.model.in_(bindparam("p_models", expanding=True)),
+                     tasks.c.lease_expires_at > bindparam("p_now"))
+              .group_by(tasks.c.model))
+_LOCK = (select(models.c.id).where(models.c.id.in_(bindparam("p_models", expanding=True)))
+         .order_by(models.c.id).with_for_update())
+
+
+def upstream_limits(conn: Connection) -> dict[str, int]:
+    """`max_concurrency` of every upstream entry (a handful of rows)."""
+    return {row.id: row.max_concurrency for row in conn.execute(_LIMITS)}
+
+
+def in_flight(conn: Connection, model_ids: Sequence[str], now: int) -> Counter[str]:
+    """Attempts in flight per model, read through the leased-tasks index."""
+    if not model_ids:
+        return Counter()
+    rows = conn.execute(_IN_FLIGHT, {"p_models": list(model_ids), "p_now": now})
+    return Counter({row.model: row.n for row in rows})
+
+
+def with_room(conn: Connection, limits: dict[str, int], now: int) -> list[str]:
+    """The upstream models below their bound now, unlocked: which ones a claim looks at.
+    `admit` decides, under the lock."""
+    counts = in_flight(conn, list(limits), now)
+    return sorted(m for m, bound in limits.items() if counts[m] < bound)
+
+
+def admit(
+    conn: Connection, candidates: Sequence[Row[Any]], limits: dict[str, int], now: int
+) -> list[Row[Any]]:
+    """The candidates (in claim order) that fit their models' bounds, after locking the
+    models' rows. A candidate whose attempts are spent needs no room: the claim
+    dead-letters it."""
+    wanted = sorted({c.model for c in candidates})
+    if not wanted:
+        return []
+    conn.execute(_LOCK, {"p_models": wanted})
+    counts = in_flight(conn, wanted, now)
+    room = {m: limits.get(m, 0) - counts[m] for m in wanted}
+    admitted = []
+    for candidate in candidates:
+        if candidate.attempts >= candidate.max_attempts:
+            admitted.append(candidate)
+        elif room[candidate.model] > 0:
+            room[candidate.model] -= 1
+            admitted.append(candidate)
+    return admitted
