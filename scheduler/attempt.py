@@ -6,11 +6,11 @@ worker pool raises `hand_back` at shutdown, and the engine polls `should_stop`. 
 flag also drops a wake-up into the runner's inbox, so the runner reacts within one
 tick instead of waiting for the engine's next chunk.
 
-An attempt also fences itself: once its lease has run out without a renewal (the store
-unreachable, say), it counts as lost whatever any thread managed to report, because its
-writes would be refused anyway and its engine is burning someone's CPU or GPU. The
-deadline is counted from a time no later than the lease's real start, so it never
-comes after the lease the store holds.
+An attempt also fences itself: once its lease has run out while renewals fail or hang
+(the store unreachable, say), it counts as lost, whichever thread notices first,
+because its writes would be refused anyway and its engine is burning someone's CPU or
+GPU. The deadline is counted from a time no later than the lease's real start, so it
+never comes after the lease the store holds.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ class Attempt:
         self.lease_ms = lease_ms
         # When the lease was last set (by the claim, then by each renewal), or earlier.
         self.renewed_at_ms = clock.now_ms() if leased_at_ms is None else leased_at_ms
+        self._renewal_failed = False
+        self._renewing_since_ms: int | None = None
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._flags = {reason: threading.Event() for reason in
                        (StopReason.LOST, StopReason.CANCEL, StopReason.HAND_BACK)}
@@ -81,7 +83,7 @@ class Attempt:
         the timeout comes last.
         """
         now = self.clock.now_ms()
-        if now >= self.lease_ends_ms:
+        if self._lease_lapsed(now):
             return StopReason.LOST
         for reason in (StopReason.LOST, StopReason.CANCEL, StopReason.HAND_BACK):
             if self._flags[reason].is_set():
@@ -93,6 +95,30 @@ class Attempt:
     @property
     def lease_ends_ms(self) -> int:
         return self.renewed_at_ms + self.lease_ms
+
+    def renewing(self, now_ms: int) -> None:
+        """The lease keeper starts a renewal (it may hang: the store unreachable)."""
+        self._renewing_since_ms = now_ms
+
+    def renewed(self, started_ms: int) -> None:
+        """A renewal started at `started_ms` succeeded: the lease runs from then."""
+        self.renewed_at_ms = started_ms
+        self._renewal_failed = False
+        self._renewing_since_ms = None
+
+    def renewal_failed(self) -> None:
+        self._renewal_failed = True
+        self._renewing_since_ms = None
+
+    def _lease_lapsed(self, now: int) -> bool:
+        """The lease has run out and renewing it failed, or hangs since before the end.
+
+        A lease that ran out while no renewal was tried (a clock jump) is not lapsed:
+        the next renewal will tell whether the task is still held."""
+        if now < self.lease_ends_ms:
+            return False
+        renewing = self._renewing_since_ms
+        return self._renewal_failed or (renewing is not None and renewing < self.lease_ends_ms)
 
     def end(self) -> None:
         """The runner is done with this attempt (whatever the outcome): the engine stops."""

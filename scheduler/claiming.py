@@ -29,8 +29,11 @@ def execute_due(db: Database, settings: Settings, *, stop: threading.Event) -> d
         while not stop.is_set() and time.monotonic() < claim_until:
             slot_freed.clear()
             workers.gather_slots()
+            # Done when nothing ran before a claim that found nothing: checked after the
+            # claim, attempts that ended meanwhile would hide that their kind was full.
+            was_busy = workers.busy()
             started = workers.claim()
-            if started == 0 and not workers.busy():
+            if started == 0 and not was_busy:
                 break
             if started == 0 or workers.free_slots() == 0:
                 slot_freed.wait(poll)  # a freed slot, or the poll re-checks due work

@@ -80,6 +80,7 @@ class LeaseKeeper:
         """One heartbeat; a database error is logged and retried on the next tick, until
         the lease runs out: then the attempt stops (it fences itself, `Attempt`)."""
         started = self._db.clock.now_ms()  # the store sets the lease from a later now
+        attempt.renewing(started)
         try:
             status = worker_writes.heartbeat(self._db, attempt.task_id, attempt.claim.owner_token,
                                              lease_ms=self._lease_ms)
@@ -87,6 +88,7 @@ class LeaseKeeper:
             attempt.raise_flag(StopReason.LOST)
             return
         except Exception as exc:  # the store is unreachable: keep trying
+            attempt.renewal_failed()
             if attempt.task_id not in self._failing:
                 log.warning("heartbeat for task %s failed (%s); retrying every tick",
                             attempt.task_id, type(exc).__name__)
@@ -97,6 +99,6 @@ class LeaseKeeper:
                 attempt.raise_flag(StopReason.LOST)
             return
         self._failing.discard(attempt.task_id)
-        attempt.renewed_at_ms = started
+        attempt.renewed(started)
         if status is Status.CANCELLING:
             attempt.raise_flag(StopReason.CANCEL)

@@ -1,0 +1,28 @@
+"""Fixtures of the upstream tests: real `llama-server` processes (tests/upstream/llama.py)
+and a `taskward` service whose model `smol` is an upstream entry pointing at them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.upstream.llama import LlamaServer
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """One server with two slots for the module's tests."""
+    server = LlamaServer(tmp_path_factory.mktemp("llama"), parallel=2).start()
+    yield server
+    server.kill9()
+
+
+@pytest.fixture
+def llamas(tmp_path: Path) -> Iterator[list[LlamaServer]]:
+    """Servers a test starts (and may kill) itself: append started ones."""
+    started: list[LlamaServer] = []
+    yield started
+    for server in started:
+        server.kill9()
