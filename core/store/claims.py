@@ -58,12 +58,6 @@ def claim(
     with db.write() as conn:
         now = db.clock.now_ms()
         limits = capacity.upstream_limits(conn)
-        owner = new_owner_token()
-        # A new attempt starts without the previous one's error: a task that failed once
-        # and then completed must not report that failure.
-        lease = {"owner_token": owner, "lease_expires_at": now + lease_ms, "node_id": node_id,
-                 "attempts": Add(1), "started_at": IfNull(now), "error_code": None,
-                 "error_message": None}
         resumable, queued = _due(conn, _LOCAL, list(limits), now, limit)
         if upstream_limit > 0 and limits:
             more = _due(conn, _UPSTREAM, capacity.with_room(conn, limits, now), now,
@@ -71,6 +65,15 @@ def claim(
             admitted = capacity.admit(conn, [*more[0], *more[1]], limits, now)
             resumable += [c for c in admitted if c.status == Status.RUNNING]
             queued += [c for c in admitted if c.status != Status.RUNNING]
+            # The lease starts after the models' locks were granted: a claim that waited
+            # for another claimer's commit is not dated before what it then counted.
+            now = db.clock.now_ms()
+        owner = new_owner_token()
+        # A new attempt starts without the previous one's error: a task that failed once
+        # and then completed must not report that failure.
+        lease = {"owner_token": owner, "lease_expires_at": now + lease_ms, "node_id": node_id,
+                 "attempts": Add(1), "started_at": IfNull(now), "error_code": None,
+                 "error_message": None}
         taken = _take(conn, now, resumable, Status.RUNNING, "response.in_progress", lease)
         taken += _take(conn, now, queued, Status.LOADING, "response.loading",
                        {**lease, "snapshot_json": None})

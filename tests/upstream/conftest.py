@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from core.settings import Settings
+
 from tests.upstream.llama import LlamaServer
 
 
@@ -26,3 +28,13 @@ def llamas(tmp_path: Path) -> Iterator[list[LlamaServer]]:
     yield started
     for server in started:
         server.kill9()
+
+
+@pytest.fixture
+def quick(settings: Settings) -> Settings:
+    """Settings scaled down so leases, backoff and cool-downs happen in test time."""
+    return settings.model_copy(update={
+        "lease_seconds": 5, "heartbeat_seconds": 1, "flush_interval_ms": 50,
+        "backoff_base_seconds": 0.05, "backoff_max_seconds": 0.2, "drain_seconds": 2,
+        "poll_interval_ms": 20, "upstream_cooldown_seconds": 0.05,
+    })

@@ -1,0 +1,35 @@
+"""Set-up shared by the upstream tests: an upstream entry and tasks for it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from core.models_registry import register_upstream
+from core.states import OnRestart
+from core.store.database import Database
+from core.store.new_tasks import NewTask, insert_task
+
+MODEL = "smol"
+COUNTING = "Count from one to twenty in words, separated by commas."
+
+
+def add_upstream(db: Database, base_urls: list[str], **options: Any) -> str:
+    register_upstream(db, MODEL, base_urls=base_urls, model="smollm2", **options)
+    return MODEL
+
+
+def enqueue(
+    db: Database, count: int = 1, *, model: str = MODEL, on_restart: OnRestart = OnRestart.RETRY,
+    max_attempts: int = 3, **request: Any,
+) -> list[str]:
+    """`count` tasks (greedy unless told otherwise) in one transaction."""
+    body = json.dumps({"model": model, "input": COUNTING, "temperature": 0, **request})
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        rows = [insert_task(db, conn, NewTask(client_id="client-a", model=model,
+                                              request_json=body, on_restart=on_restart,
+                                              max_attempts=max_attempts), now)
+                for _ in range(count)]
+        db.announce_work(conn)
+    return [row.id for row in rows if row is not None]

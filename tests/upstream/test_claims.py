@@ -1,0 +1,56 @@
+"""The claim admits upstream tasks only within their model's `max_concurrency`, and fills
+upstream and local slots apart (both stores)."""
+
+from __future__ import annotations
+
+import time
+
+from core.settings import Settings
+from core.store import claims, worker_writes
+from core.store.database import Database
+from tests.upstream.helpers import add_upstream, enqueue
+
+LEASE_MS = 60_000
+
+
+def claim(db: Database, *, local: int = 0, upstream: int = 0) -> list[claims.Claim]:
+    return claims.claim(db, limit=local, upstream_limit=upstream, lease_ms=LEASE_MS,
+                        node_id="node-a")
+
+
+def test_a_claim_takes_no_more_than_the_model_admits(db: Database) -> None:
+    model = add_upstream(db, ["http://127.0.0.1:9/v1"], max_concurrency=2)
+    enqueue(db, 5, model=model)
+
+    first = claim(db, upstream=10)
+    assert len(first) == 2 and all(c.upstream for c in first)
+    assert claim(db, upstream=10) == []  # the bound holds across claims, not per claim
+
+
+def test_a_finished_attempt_frees_its_place(db: Database) -> None:
+    model = add_upstream(db, ["http://127.0.0.1:9/v1"], max_concurrency=1)
+    enqueue(db, 2, model=model)
+    [held] = claim(db, upstream=4)
+    worker_writes.fail(db, held.task_id, held.owner_token, "x", "done with it")
+    assert len(claim(db, upstream=4)) == 1
+
+
+def test_local_and_upstream_tasks_fill_their_own_slots(
+    db: Database, settings: Settings, model_id: str
+) -> None:
+    upstream_model = add_upstream(db, ["http://127.0.0.1:9/v1"], max_concurrency=8)
+    enqueue(db, 3, model=upstream_model)
+    enqueue(db, 3, model=model_id)
+
+    local_only = claim(db, local=5)
+    assert [c.model for c in local_only] == [model_id] * 3  # no upstream task in local slots
+    upstream_only = claim(db, upstream=5)
+    assert [(c.model, c.upstream) for c in upstream_only] == [(upstream_model, True)] * 3
+
+
+def test_an_expired_lease_does_not_count_against_the_bound(db: Database) -> None:
+    model = add_upstream(db, ["http://127.0.0.1:9/v1"], max_concurrency=1)
+    enqueue(db, 2, model=model)
+    [_] = claims.claim(db, limit=0, upstream_limit=1, lease_ms=1, node_id="node-a")
+    time.sleep(0.01)  # that worker stopped itself once its lease ran out unrenewed
+    assert len(claim(db, upstream=1)) == 1

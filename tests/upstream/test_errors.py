@@ -1,0 +1,66 @@
+"""Upstream failures end attempts with SPEC's codes (both stores, a real llama-server):
+an unreachable server is retried, then dead-lettered; a refusal fails at once."""
+
+from __future__ import annotations
+
+import time
+
+from core.settings import Settings
+from core.states import Status
+from core.store.database import Database
+from tests.scheduler.helpers import event_data, run_pass
+from tests.scheduler.processes import free_port
+from tests.store.helpers import task_row
+from tests.upstream.helpers import add_upstream, enqueue
+from tests.upstream.llama import LlamaServer
+
+
+def run_until_finished(db: Database, settings: Settings, task_id: str, seconds: float = 30) -> None:
+    """Passes until the task is terminal: a pass ends while a retry waits for its backoff."""
+    deadline = time.monotonic() + seconds
+    while task_row(db, task_id).status not in (Status.COMPLETED, Status.FAILED,
+                                                Status.CANCELLED):
+        assert time.monotonic() < deadline, "the task did not finish"
+        run_pass(db, settings)
+        time.sleep(0.02)
+
+
+def test_a_server_that_is_down_is_retried_then_dead_lettered(
+    db: Database, quick: Settings
+) -> None:
+    closed = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    add_upstream(db, [closed])
+    [task_id] = enqueue(db, max_attempts=3, max_output_tokens=4)
+
+    run_until_finished(db, quick, task_id)
+
+    row = task_row(db, task_id)
+    assert (row.status, row.attempts, row.dead_lettered) == (Status.FAILED, 3, 1)
+    assert row.error_code == "max_attempts_exceeded"
+    retries = [e["error"]["code"] for e in event_data(db, task_id, "response.queued")]
+    assert retries == ["upstream_unavailable"] * 2  # the third failure dead-letters it
+    assert all(closed in e["error"]["message"] for e in event_data(db, task_id, "response.queued"))
+
+
+def test_a_prompt_longer_than_the_context_fails_at_once(
+    db: Database, quick: Settings, llama: LlamaServer
+) -> None:
+    add_upstream(db, [llama.base_url])
+    [task_id] = enqueue(db, input="lighthouse " * 3000, max_output_tokens=4)
+
+    run_until_finished(db, quick, task_id)
+
+    row = task_row(db, task_id)
+    assert (row.status, row.attempts, row.dead_lettered) == (Status.FAILED, 1, 0)
+    assert row.error_code == "upstream_rejected"
+    assert row.error_message == f"upstream {llama.base_url} answered 400"  # status, no body
+
+
+def test_a_missing_key_variable_fails_at_once(db: Database, quick: Settings) -> None:
+    add_upstream(db, ["http://127.0.0.1:9/v1"], api_key_env="TASKWARD_TEST_UNSET_KEY")
+    [task_id] = enqueue(db, max_output_tokens=4)
+
+    run_until_finished(db, quick, task_id)
+
+    row = task_row(db, task_id)
+    assert (row.status, row.error_code, row.attempts) == (Status.FAILED, "upstream_key_missing", 1)
