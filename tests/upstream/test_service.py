@@ -1,0 +1,97 @@
+"""End to end, on both stores: the HTTP API and the official OpenAI SDK in front of a real
+llama-server. The text equals the streamed deltas, the usage is the server's own, and a
+cancel frees the server's slot within a second."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from core.settings import Settings
+from infra.db import create_db_engine, open_database
+from infra.migrate import upgrade
+from tests.api.served import Service
+from tests.databases import copy_sqlite, private_pg_database
+from tests.scheduler.processes import wait_until
+from tests.upstream.helpers import COUNTING, MODEL, add_upstream
+from tests.upstream.llama import LlamaServer
+from tests.upstream.served import served, upstream_env
+
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+    sqlite_template: Path, llama: LlamaServer,
+) -> Iterator[Service]:
+    workdir = tmp_path_factory.mktemp(f"upstream-{request.param}")
+    with ExitStack() as stack:
+        if request.param == "sqlite":
+            url = copy_sqlite(sqlite_template, workdir / "taskward.db")
+        else:
+            url = stack.enter_context(private_pg_database())
+            engine = create_db_engine(Settings(database_url=url))
+            upgrade(engine)
+            engine.dispose()
+        db = open_database(Settings(database_url=url))
+        add_upstream(db, [llama.base_url], max_concurrency=2)
+        db.dispose()
+        yield stack.enter_context(served(upstream_env(url, workdir), workdir))
+
+
+@pytest.fixture(scope="module")
+def sdk(service: Service) -> Iterator[openai.OpenAI]:
+    issued = service.cli_json("pair", "--admin", "--token")
+    assert isinstance(issued, dict)
+    with openai.OpenAI(base_url=f"{service.base_url}/v1", api_key=issued["token"],
+                       timeout=60) as client:
+        yield client
+
+
+def settled(sdk: openai.OpenAI, response_id: str, seconds: float = 60) -> openai.types.responses.Response:
+    deadline = time.monotonic() + seconds
+    while (response := sdk.responses.retrieve(response_id)).status not in TERMINAL:
+        assert time.monotonic() < deadline, f"{response_id} still {response.status}"
+        time.sleep(0.05)
+    return response
+
+
+def test_text_and_usage_are_the_servers_own(sdk: openai.OpenAI, llama: LlamaServer) -> None:
+    created = sdk.responses.create(model=MODEL, input=COUNTING, background=True,
+                                   temperature=0, max_output_tokens=16)
+    assert created.status == "queued"
+    deltas = [event.delta for event in sdk.responses.retrieve(created.id, stream=True)
+              if event.type == "response.output_text.delta"]
+    done = settled(sdk, created.id)
+
+    direct = httpx.post(f"{llama.base_url}/chat/completions", timeout=60, json={
+        "model": "smollm2", "messages": [{"role": "user", "content": COUNTING}],
+        "temperature": 0, "max_tokens": 16}).json()
+    assert done.status == "completed" and done.output_text == "".join(deltas)
+    assert done.output_text == direct["choices"][0]["message"]["content"]
+    assert done.usage is not None
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (
+        direct["usage"]["prompt_tokens"], direct["usage"]["completion_tokens"])
+
+
+def test_a_cancel_frees_the_servers_slot_within_a_second(
+    sdk: openai.OpenAI, llama: LlamaServer
+) -> None:
+    created = sdk.responses.create(model=MODEL, input="Tell a very long story about a ship.",
+                                   background=True, temperature=0, max_output_tokens=800)
+    wait_until(lambda: sdk.responses.retrieve(created.id).status == "in_progress"
+               and llama.busy_slots() == 1, timeout=30, what="generation on the server")
+    time.sleep(0.3)  # mid-generation
+
+    sdk.responses.cancel(created.id)
+    cancelled_at = time.monotonic()
+    wait_until(lambda: llama.busy_slots() == 0, timeout=5, what="the slot to go idle")
+    assert time.monotonic() - cancelled_at <= 1.0
+    assert settled(sdk, created.id).status == "cancelled"
