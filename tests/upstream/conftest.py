@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings
-
 from tests.upstream.llama import LlamaServer
 
 

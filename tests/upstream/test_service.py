@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.responses import Response
 
 from core.settings import Settings
 from infra.db import create_db_engine, open_database
@@ -55,7 +56,7 @@ def sdk(service: Service) -> Iterator[openai.OpenAI]:
         yield client
 
 
-def settled(sdk: openai.OpenAI, response_id: str, seconds: float = 60) -> openai.types.responses.Response:
+def settled(sdk: openai.OpenAI, response_id: str, seconds: float = 60) -> Response:
     deadline = time.monotonic() + seconds
     while (response := sdk.responses.retrieve(response_id)).status not in TERMINAL:
         assert time.monotonic() < deadline, f"{response_id} still {response.status}"
