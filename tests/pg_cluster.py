@@ -1,0 +1,67 @@
+"""A private PostgreSQL cluster for tests that take the store away (stop it mid-run).
+
+Started with the server's own `initdb`/`pg_ctl` on a random loopback port in a fresh
+directory, trust authentication, and removed afterwards. `initdb` refuses to run as
+root, so under root the cluster belongs to the `postgres` system user (`runuser`), in a
+directory that user can reach.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.scheduler.processes import free_port
+
+BIN = Path(os.environ.get("TASKWARD_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+_OWNER = "postgres"
+
+
+@dataclass(frozen=True)
+class PgCluster:
+    directory: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def stop(self) -> None:
+        """Stop at once (`-m immediate`), as a crashed or unplugged server would."""
+        _run(["pg_ctl", "-D", str(self.directory / "data"), "-m", "immediate", "-w", "stop"])
+
+
+def _argv(command: list[str]) -> list[str]:
+    argv = [str(BIN / command[0]), *command[1:]]
+    return ["runuser", "-u", _OWNER, "--", *argv] if os.geteuid() == 0 else argv
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(_argv(command), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, f"{command[0]} failed: {done.stderr[-2000:]}"
+
+
+@contextmanager
+def private_cluster() -> Iterator[PgCluster]:
+    directory = Path(tempfile.mkdtemp(prefix="taskward-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(directory, _OWNER, _OWNER)
+    cluster = PgCluster(directory, free_port())
+    data = directory / "data"
+    try:
+        _run(["initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"])
+        _run(["pg_ctl", "-D", str(data), "-l", str(directory / "server.log"), "-w", "-o",
+              f"-p {cluster.port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off",
+              "start"])
+        yield cluster
+    finally:
+        subprocess.run(_argv(["pg_ctl", "-D", str(data), "-m", "immediate", "stop"]),
+                       capture_output=True, check=False, timeout=60)
+        shutil.rmtree(directory, ignore_errors=True)
