@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from core.engines.registry import register_engine
+from core.engines.upstream.engine import NAME, OpenAIEngine
 from core.settings import Settings
 from tests.upstream.llama import LlamaServer
 
@@ -37,3 +39,10 @@ def quick(settings: Settings) -> Settings:
         "backoff_base_seconds": 0.05, "backoff_max_seconds": 0.2, "drain_seconds": 2,
         "poll_interval_ms": 20, "upstream_cooldown_seconds": 0.05,
     })
+
+
+@pytest.fixture(autouse=True)
+def fresh_openai_engine() -> None:
+    """The registry keeps one engine per process, built from the first settings it sees
+    (a process has one set); each in-process test gets one built from its own."""
+    register_engine(NAME, OpenAIEngine)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import time
 
+from litestar.testing import TestClient
+
 from core.settings import Settings
 from core.store import claims, worker_writes
 from core.store.database import Database
+from handlers.app import create_app
 from tests.upstream.helpers import add_upstream, enqueue
 
 LEASE_MS = 60_000
@@ -54,3 +57,16 @@ def test_an_expired_lease_does_not_count_against_the_bound(db: Database) -> None
     [_] = claims.claim(db, limit=0, upstream_limit=1, lease_ms=1, node_id="node-a")
     time.sleep(0.01)  # that worker stopped itself once its lease ran out unrenewed
     assert len(claim(db, upstream=1)) == 1
+
+
+def test_metrics_show_an_upstream_models_attempts_in_flight(
+    db: Database, settings: Settings
+) -> None:
+    model = add_upstream(db, ["http://127.0.0.1:9/v1"], max_concurrency=2)
+    enqueue(db, 3, model=model)
+    claim(db, upstream=8)
+
+    with TestClient(create_app(settings)) as client:
+        metrics = client.get("/metrics").text
+
+    assert f'taskward_upstream_in_flight{{model="{model}"}} 2.0' in metrics

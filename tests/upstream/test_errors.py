@@ -64,3 +64,17 @@ def test_a_missing_key_variable_fails_at_once(db: Database, quick: Settings) -> 
 
     row = task_row(db, task_id)
     assert (row.status, row.error_code, row.attempts) == (Status.FAILED, "upstream_key_missing", 1)
+
+
+def test_a_host_no_longer_allowed_is_refused_at_use(
+    db: Database, quick: Settings, llama: LlamaServer
+) -> None:
+    add_upstream(db, [llama.base_url])  # accepted while any host was allowed
+    [task_id] = enqueue(db, max_output_tokens=4)
+
+    run_until_finished(db, quick.model_copy(update={"upstream_allowed_hosts": "*.internal"}),
+                       task_id)
+
+    row = task_row(db, task_id)
+    assert (row.status, row.error_code) == (Status.FAILED, "upstream_host_not_allowed")
+    assert llama.busy_slots() == 0

@@ -129,10 +129,11 @@ class UpstreamLoaded:
         return {"Authorization": f"Bearer {key}"}
 
     def _all_cooling(self) -> EngineError:
-        wait = self._router.cooldown_left_seconds(self._entry.base_urls)
-        return EngineError(protocol.UNAVAILABLE, "every base URL of the upstream is in "
-                           "cool-down after failures", retryable=True,
-                           retry_after_seconds=wait or None)
+        urls = self._entry.base_urls
+        wait = self._router.cooldown_left_seconds(urls)
+        named = urls[0] if len(urls) == 1 else f"{urls[0]} and {len(urls) - 1} more"
+        return EngineError(protocol.UNAVAILABLE, f"upstream {named}: in cool-down after "
+                           "failures", retryable=True, retry_after_seconds=wait or None)
 
     def _stream(
         self, url: str, headers: dict[str, str], request: GenerationRequest,

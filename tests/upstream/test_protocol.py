@@ -1,0 +1,56 @@
+"""The Chat Completions details: echoed prefixes, error mapping, Retry-After."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from email.utils import format_datetime
+
+import pytest
+
+from core.engines.upstream.hosts import UrlRefused, check_allowed
+from core.engines.upstream.protocol import EchoStrip, parse_retry_after, status_error
+
+
+def stream(strip: EchoStrip, *deltas: str) -> str:
+    return "".join(strip.push(d) for d in deltas) + strip.flush()
+
+
+def test_an_echoed_prefix_is_stripped_even_across_deltas() -> None:
+    # llama-server's first delta repeats the prefill: "One, two, three, four, five".
+    assert stream(EchoStrip("One, two, three, four,"), "One, two, three, four, five", ",") == (
+        " five,")
+    assert stream(EchoStrip("One, two,"), "One,", " two, three") == " three"
+
+
+def test_a_continuation_without_echo_is_kept_whole() -> None:
+    assert stream(EchoStrip("One, two,"), " three", ", four") == " three, four"
+    assert stream(EchoStrip("One, two,"), "One") == "One"  # ended while it still could be
+
+
+@pytest.mark.parametrize(("status", "code", "retryable"), [
+    (429, "upstream_rate_limited", True), (503, "upstream_unavailable", True),
+    (408, "upstream_unavailable", True), (400, "upstream_rejected", False),
+    (404, "upstream_rejected", False), (302, "upstream_rejected", False),
+])
+def test_statuses_map_to_stable_codes(status: int, code: str, retryable: bool) -> None:
+    error = status_error("http://gpu-1:8000/v1", status, None)
+    assert (error.code, error.retryable) == (code, retryable)
+    assert error.message.startswith(f"upstream http://gpu-1:8000/v1 answered {status}")
+
+
+def test_retry_after_is_seconds_or_a_date_and_bounded() -> None:
+    assert parse_retry_after("7") == 7.0
+    now = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+    later = format_datetime(datetime(2026, 12, 1, 8, 0, 30, tzinfo=UTC), usegmt=True)
+    assert parse_retry_after(later, now=now.timestamp()) == 30.0
+    assert parse_retry_after("999999") == 3600.0
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+    assert status_error("http://x/v1", 429, "12").retry_after_seconds == 12.0
+
+
+def test_host_patterns_allow_only_matching_hosts() -> None:
+    check_allowed("http://gpu-1.internal:8000/v1", ("*.internal",))
+    check_allowed("http://anything/v1", ())
+    with pytest.raises(UrlRefused) as refused:
+        check_allowed("http://169.254.169.254/v1", ("*.internal", "10.0.0.5"))
+    assert refused.value.code == "upstream_host_not_allowed"
