@@ -4,7 +4,7 @@ Loaded into real `taskward` processes through `TASKWARD_ENGINE_MODULES=tests.eng
 It stands in for inference only; the database, workers and processes stay real.
 
 The stored request's `input` steers it: `"words=N delay=S fail=retryable|fatal
-fail_at=K hang=1"`. It yields `N` chunks `"w0 ", "w1 ", …` (so any output can be checked
+fail_at=K retry_after=S hang=1"`. It yields `N` chunks `"w0 ", "w1 ", …` (so any output can be checked
 for gaps or repeats), sleeps `S` seconds per chunk, and resumes from `{"pos": k}`.
 """
 
@@ -53,8 +53,10 @@ class WordsModel:
                 return
             if pos == fail_at:
                 kind = options.get("fail", "retryable")
+                after = options.get("retry_after")
                 raise EngineError("engine_error" if kind == "retryable" else "bad_request",
-                                  "injected failure", retryable=kind == "retryable")
+                                  "injected failure", retryable=kind == "retryable",
+                                  retry_after_seconds=float(after) if after else None)
             if delay:
                 time.sleep(delay)
             yield Chunk(f"w{pos} ", {"pos": pos + 1}, Usage(input_tokens=3, output_tokens=pos + 1))

@@ -53,3 +53,13 @@ def test_a_retried_task_is_not_claimed_before_its_backoff_has_passed(
         assert execute_due(db, settings, stop=threading.Event())["claimed"] == 1
     row = task_row(db, task_id)
     assert (row.status, row.attempts) == (Status.QUEUED, 2)
+
+
+def test_a_retry_after_is_the_floor_of_the_backoff(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    task_id = new_task(db, model_id, input="words=3 fail_at=0 fail=retryable retry_after=120")
+    before = db.clock.now_ms()
+    execute_due(db, fast, stop=threading.Event())  # backoff alone: at most 4 s
+    row = task_row(db, task_id)
+    assert row.status == Status.QUEUED and row.run_at >= before + 120_000
