@@ -171,7 +171,7 @@ def _stream(db: Database, settings: Settings, attempt: Attempt, complete: Comple
         if isinstance(item, _Loaded):
             writes.loaded(clock.now_ms() + settings.flush_interval_ms)
         elif isinstance(item, Chunk):
-            output.add(item)
+            output.add(item, clock.now_ms())
         elif isinstance(item, _Ended):
             writes.complete()
             return Outcome.COMPLETED

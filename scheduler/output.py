@@ -18,6 +18,8 @@ from core.objects import item_id, message_item, output_text_part
 from core.store.claims import Claim
 from core.store.transitions import Event
 
+FIRST_FLUSH_MS = 10
+
 
 @dataclass(frozen=True)
 class Flush:
@@ -47,8 +49,12 @@ class Output:
         self._interval_ms = interval_ms
         self._max_bytes = max_bytes
         self._last_flush_ms = now_ms
+        self._first_text_ms: int | None = None  # when the attempt's first text arrived
+        self._flushed = False
 
-    def add(self, chunk: Chunk) -> None:
+    def add(self, chunk: Chunk, now_ms: int) -> None:
+        if chunk.text and not self._flushed and self._first_text_ms is None:
+            self._first_text_ms = now_ms
         if chunk.text:
             self._pending.append(chunk.text)
             self._pending_bytes += len(chunk.text.encode())
@@ -58,21 +64,30 @@ class Output:
     def flush_due(self, now_ms: int) -> bool:
         """Text is waiting and either enough of it or enough time has gathered."""
         return bool(self._pending) and (
-            self._pending_bytes >= self._max_bytes
-            or now_ms - self._last_flush_ms >= self._interval_ms
-        )
+            self._pending_bytes >= self._max_bytes or self._due_at_ms() <= now_ms)
 
     def ms_until_due(self, now_ms: int) -> int | None:
         """How long until a time-based flush, None when nothing is waiting."""
         if not self._pending:
             return None
-        return max(0, self._last_flush_ms + self._interval_ms - now_ms)
+        return max(0, self._due_at_ms() - now_ms)
+
+    def _due_at_ms(self) -> int:
+        """The attempt's first text waits `FIRST_FLUSH_MS` from its arrival, later text
+        the flush interval from the last flush. The time to the first delta is what a
+        streaming client notices, while a task that ends within those milliseconds
+        still costs one write."""
+        if not self._flushed and self._first_text_ms is not None:
+            return min(self._first_text_ms + FIRST_FLUSH_MS,
+                       self._last_flush_ms + self._interval_ms)
+        return self._last_flush_ms + self._interval_ms
 
     def take_flush(self, now_ms: int) -> Flush | None:
         """The pending text as one delta event (opening item/part first if needed)."""
         self._last_flush_ms = now_ms
         if not self._pending:
             return None
+        self._flushed = True
         opening = self._opening()
         delta, text = self._delta()
         assert self._snapshot is not None  # a chunk with text always brings one

@@ -4,8 +4,8 @@ Loaded into real `taskward` processes through `TASKWARD_ENGINE_MODULES=tests.eng
 It stands in for inference only; the database, workers and processes stay real.
 
 The stored request's `input` steers it: `"words=N delay=S fail=retryable|fatal
-fail_at=K retry_after=S hang=1"`. It yields `N` chunks `"w0 ", "w1 ", …` (so any output can be checked
-for gaps or repeats), sleeps `S` seconds per chunk, and resumes from `{"pos": k}`.
+fail_at=K retry_after=S hang=1"`. It yields `N` chunks `"w0 ", "w1 ", …` (so any output
+can be checked for gaps or repeats), sleeps `S` seconds per chunk, and resumes from `{"pos": k}`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,196 @@
+"""taskward in front of llama.cpp's llama-server, beside llama-server called directly, in
+one run.
+
+Run from the repository root: `.venv/bin/python -m bench.upstream` (options: `--levels
+1,4,8`, `--tokens 128`, `--rounds 2`, `--threads 2`, `--parallel 4`). About 2 minutes
+on 2 shared cores.
+
+One `llama-server --parallel 4` (the default SmolLM2 model, greedy) serves both sides.
+At each concurrency level, a round sends that many streaming requests at once:
+- direct: Chat Completions with `stream: true` to llama-server;
+- through taskward: `POST /v1/responses` (`background: false, stream: true`) to a
+  `taskward run` on SQLite whose model is an upstream entry for that server
+  (`max_concurrency` 8, so the server queues beyond its 4 slots as it does directly).
+Direct and taskward rounds alternate; per level the best aggregate tokens/s and the p50
+time to the first text delta (from sending the request) of all rounds are printed.
+The store's write load at the highest level comes from the event log: events and
+write transactions (claims, flushes, completions) per generated token and per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, func, select
+
+from core.tables import task_events
+from tests.scheduler.processes import Children, run_command, run_json
+from tests.service.running import Runs, run_env
+from tests.upstream.llama import LlamaServer
+
+PROMPT = [{"role": "system", "content": "You are a storyteller."},
+          {"role": "user", "content": "Tell a long story about a lighthouse keeper."}]
+MODEL = "smol-upstream"
+
+
+@dataclass(frozen=True)
+class Stream:
+    first_delta_s: float
+    seconds: float
+    tokens: int
+
+
+def direct(server: LlamaServer, tokens: int) -> Callable[[], Stream]:
+    body = {"model": "smollm2", "messages": PROMPT, "stream": True, "temperature": 0,
+            "max_tokens": tokens, "stream_options": {"include_usage": True}}
+
+    def one() -> Stream:
+        start = time.perf_counter()
+        first, used = None, 0
+        with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body,
+                          timeout=300) as answer:
+            for line in answer.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    used = chunk["usage"]["completion_tokens"]
+                if first is None and chunk.get("choices") and (
+                        chunk["choices"][0]["delta"].get("content")):
+                    first = time.perf_counter()
+        assert first is not None
+        return Stream(first - start, time.perf_counter() - start, used)
+
+    return one
+
+
+def through_taskward(base_url: str, token: str, tokens: int) -> Callable[[], Stream]:
+    body = {"model": MODEL, "input": PROMPT, "temperature": 0, "max_output_tokens": tokens,
+            "background": False, "stream": True}
+    headers = {"Authorization": f"Bearer {token}"}
+
+    def one() -> Stream:
+        start = time.perf_counter()
+        first, used, event = None, 0, ""
+        with httpx.stream("POST", f"{base_url}/v1/responses", json=body, headers=headers,
+                          timeout=300) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    if event == "response.output_text.delta" and first is None:
+                        first = time.perf_counter()
+                    elif event == "response.completed":
+                        used = json.loads(line[6:])["response"]["usage"]["output_tokens"]
+        assert first is not None
+        return Stream(first - start, time.perf_counter() - start, used)
+
+    return one
+
+
+def round_of(one: Callable[[], Stream], concurrency: int) -> tuple[float, list[float]]:
+    """Aggregate tokens/s of `concurrency` streams started together, and their TTFTs."""
+    results: list[Stream] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        stream = one()
+        with lock:
+            results.append(stream)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=run) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    assert len(results) == concurrency, "a stream failed"
+    return sum(r.tokens for r in results) / wall, [r.first_delta_s for r in results]
+
+
+def write_load(database: Path, since_ms: int, seconds: float, tokens: int) -> str:
+    """Events and write transactions the taskward side stored since `since_ms`."""
+    engine = create_engine(f"sqlite:///{database}")
+    with engine.connect() as conn:
+        rows = dict(conn.execute(
+            select(task_events.c.type, func.count()).where(task_events.c.created_at >= since_ms)
+            .group_by(task_events.c.type)).all())
+    engine.dispose()
+    events = sum(rows.values())
+    # A claim writes `response.loading`; each flush one delta event (the first one also
+    # `response.in_progress` and the item/part openings); a completion its closing events.
+    writes = rows.get("response.loading", 0) + rows.get("response.output_text.delta", 0) + (
+        rows.get("response.completed", 0))
+    return (f"{events} events, ~{writes} write transactions for {tokens} tokens: "
+            f"{events / tokens:.2f} events and {writes / tokens:.2f} transactions per token; "
+            f"{events / seconds:.0f} events/s, {writes / seconds:.0f} transactions/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--levels", default="1,4,8")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--parallel", type=int, default=4)
+    args = parser.parse_args()
+    levels = [int(level) for level in args.levels.split(",")]
+    print(f"load average before: {os.getloadavg()}")
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        server = LlamaServer(root / "llama", parallel=args.parallel, threads=args.threads,
+                             ctx_size=1024 * args.parallel).start()
+        children = Children(root / "logs")
+        try:
+            env = run_env(root, worker_concurrency=1, drain_seconds=1)
+            assert run_command(env, "migrate").returncode == 0
+            run_json(env, "models", "add-upstream", MODEL, "--base-url", server.base_url,
+                     "--upstream-model", "smollm2", "--max-concurrency", "8")
+            running = Runs(children).start(env)
+            token = running.pair()
+            sides = {"direct": direct(server, args.tokens),
+                     "taskward": through_taskward(running.base_url, token, args.tokens)}
+            for one in sides.values():
+                round_of(one, 1)  # warm-up: prompt cache, connections, the first claim
+            print("| concurrency | direct tokens/s | taskward tokens/s | ratio | "
+                  "direct TTFT p50 ms | taskward TTFT p50 ms | difference ms |")
+            print("|---|---|---|---|---|---|---|")
+            for level in levels:
+                best = {name: 0.0 for name in sides}
+                firsts: dict[str, list[float]] = {name: [] for name in sides}
+                for _ in range(args.rounds):
+                    for name, one in sides.items():
+                        if name == "taskward" and level == levels[-1]:
+                            since_ms, started = int(time.time() * 1000), time.perf_counter()
+                        rate, ttfts = round_of(one, level)
+                        best[name] = max(best[name], rate)
+                        firsts[name] += ttfts
+                        if name == "taskward" and level == levels[-1]:
+                            load_window = (since_ms, time.perf_counter() - started,
+                                           int(rate * (time.perf_counter() - started)))
+                p50 = {name: statistics.median(values) * 1000 for name, values in firsts.items()}
+                print(f"| {level} | {best['direct']:.0f} | {best['taskward']:.0f} | "
+                      f"{best['taskward'] / best['direct']:.2f} | {p50['direct']:.0f} | "
+                      f"{p50['taskward']:.0f} | {p50['taskward'] - p50['direct']:+.0f} |")
+            since_ms, seconds, tokens = load_window
+            print(f"store write load at {levels[-1]} streams (last round): "
+                  f"{write_load(root / 'taskward.db', since_ms, seconds, tokens)}")
+        finally:
+            children.kill_all()
+            server.kill9()
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
