@@ -14,7 +14,10 @@ from pathlib import Path
 import psycopg
 from sqlalchemy import create_engine, text
 
+from core.settings import Settings
 from core.tables import metadata
+from infra.db import create_db_engine
+from infra.migrate import upgrade
 
 PG_ADMIN_URL = os.environ.get("TASKWARD_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -62,3 +65,17 @@ def truncate_all(url: str) -> None:
 def copy_sqlite(template: Path, target: Path) -> str:
     shutil.copyfile(template, target)
     return f"sqlite:///{target}"
+
+
+@contextmanager
+def migrated_store(kind: str, workdir: Path, sqlite_template: Path) -> Iterator[str]:
+    """The URL of a migrated, empty store of `kind` (`sqlite`: a file in `workdir`;
+    `postgresql`: a private database, dropped afterwards), for tests that start processes."""
+    if kind == "sqlite":
+        yield copy_sqlite(sqlite_template, workdir / "taskward.db")
+        return
+    with private_pg_database() as url:
+        engine = create_db_engine(Settings(database_url=url))
+        upgrade(engine)
+        engine.dispose()
+        yield url

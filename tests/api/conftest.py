@@ -15,7 +15,8 @@ from core.store.connect import open_database
 from core.store.database import Database
 from infra.app import serving_app
 from tests.api.helpers import Caller, caller, register_test_model
-from tests.api.served import Service, migrated_store, running_service
+from tests.api.served import Service, running_service
+from tests.databases import migrated_store
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def service(
     """`taskward serve` with two workers and a `taskward sweeper`, on each store."""
     workdir = tmp_path_factory.mktemp(f"served-{request.param}")
     with ExitStack() as stack:
-        url = migrated_store(stack, request.param, workdir, sqlite_template)
+        url = stack.enter_context(migrated_store(request.param, workdir, sqlite_template))
         db = open_database(Settings(database_url=url))
         register_test_model(db, workdir / "models")
         db.dispose()

@@ -27,7 +27,7 @@ def test_a_killed_server_is_failed_over_and_cooled_down(
     doomed, survivor = (LlamaServer(tmp_path / "llama", parallel=2).start() for _ in range(2))
     llamas += [doomed, survivor]
     add_upstream(db, [doomed.base_url, survivor.base_url], max_concurrency=4)
-    task_ids = enqueue(db, 8, max_output_tokens=60)
+    task_ids = enqueue(db, 6, max_output_tokens=40)
     child = sweeper(upstream_env(settings.database_url, tmp_path, upstream_cooldown_seconds=60),
                     tmp_path / "sweeper.log")
     try:

@@ -12,19 +12,16 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from openai.types.responses import Response
 
 from core.settings import Settings
-from infra.db import create_db_engine, open_database
-from infra.migrate import upgrade
+from infra.db import open_database
 from tests.api.served import Service
-from tests.databases import copy_sqlite, private_pg_database
+from tests.databases import migrated_store
+from tests.openai.test_sdk import settled
 from tests.scheduler.processes import wait_until
 from tests.upstream.helpers import COUNTING, MODEL, add_upstream
 from tests.upstream.llama import LlamaServer
 from tests.upstream.served import served, upstream_env
-
-TERMINAL = {"completed", "failed", "cancelled"}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -34,13 +31,7 @@ def service(
 ) -> Iterator[Service]:
     workdir = tmp_path_factory.mktemp(f"upstream-{request.param}")
     with ExitStack() as stack:
-        if request.param == "sqlite":
-            url = copy_sqlite(sqlite_template, workdir / "taskward.db")
-        else:
-            url = stack.enter_context(private_pg_database())
-            engine = create_db_engine(Settings(database_url=url))
-            upgrade(engine)
-            engine.dispose()
+        url = stack.enter_context(migrated_store(request.param, workdir, sqlite_template))
         db = open_database(Settings(database_url=url))
         add_upstream(db, [llama.base_url], max_concurrency=2)
         db.dispose()
@@ -54,14 +45,6 @@ def sdk(service: Service) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{service.base_url}/v1", api_key=issued["token"],
                        timeout=60) as client:
         yield client
-
-
-def settled(sdk: openai.OpenAI, response_id: str, seconds: float = 60) -> Response:
-    deadline = time.monotonic() + seconds
-    while (response := sdk.responses.retrieve(response_id)).status not in TERMINAL:
-        assert time.monotonic() < deadline, f"{response_id} still {response.status}"
-        time.sleep(0.05)
-    return response
 
 
 def test_text_and_usage_are_the_servers_own(sdk: openai.OpenAI, llama: LlamaServer) -> None:
