@@ -103,8 +103,14 @@ def round_of(one: Callable[[], Stream], concurrency: int) -> tuple[float, list[f
     results: list[Stream] = []
     lock = threading.Lock()
 
+    failures: list[BaseException] = []
+
     def run() -> None:
-        stream = one()
+        try:
+            stream = one()
+        except BaseException as exc:  # noqa: BLE001  reported below, with the others
+            failures.append(exc)
+            return
         with lock:
             results.append(stream)
 
@@ -115,7 +121,7 @@ def round_of(one: Callable[[], Stream], concurrency: int) -> tuple[float, list[f
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - start
-    assert len(results) == concurrency, "a stream failed"
+    assert not failures, f"{len(failures)} stream(s) failed: {failures[0]!r}"
     return sum(r.tokens for r in results) / wall, [r.first_delta_s for r in results]
 
 
