@@ -15,8 +15,8 @@ import psycopg
 from sqlalchemy import create_engine, text
 
 from core.settings import Settings
+from core.store.connect import create_db_engine
 from core.tables import metadata
-from infra.db import create_db_engine
 from infra.migrate import upgrade
 
 PG_ADMIN_URL = os.environ.get("TASKWARD_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -10,7 +10,7 @@ from litestar.testing import TestClient
 from core.settings import Settings
 from core.store import claims, worker_writes
 from core.store.database import Database
-from handlers.app import create_app
+from infra.app import serving_app
 from tests.upstream.helpers import add_upstream, enqueue
 
 LEASE_MS = 60_000
@@ -66,7 +66,7 @@ def test_metrics_show_an_upstream_models_attempts_in_flight(
     enqueue(db, 3, model=model)
     claim(db, upstream=8)
 
-    with TestClient(create_app(settings)) as client:
+    with TestClient(serving_app(settings)) as client:
         metrics = client.get("/metrics").text
 
     assert f'taskward_upstream_in_flight{{model="{model}"}} 2.0' in metrics

@@ -12,7 +12,7 @@ from litestar.testing import TestClient
 
 from core.settings import Settings
 from core.store.database import Database
-from handlers.app import create_app
+from infra.app import serving_app
 from tests.scheduler.helpers import event_data, output_text, streamed_text
 from tests.scheduler.processes import wait_until
 from tests.store.helpers import task_row
@@ -44,7 +44,7 @@ def test_a_killed_server_is_failed_over_and_cooled_down(
         assert len(event_data(db, task_id, "response.completed")) == 1
         assert streamed_text(db, task_id) == output_text(db, task_id) != ""
         assert task_row(db, task_id).attempts == 1  # continued in the same attempt
-    with TestClient(create_app(settings)) as client:
+    with TestClient(serving_app(settings)) as client:
         metrics = client.get("/metrics").text
     assert f'taskward_upstream_cooldown{{base_url="{doomed.base_url}",model="{MODEL}"}} 1.0' in (
         metrics)

@@ -12,7 +12,7 @@ from litestar.testing import TestClient
 
 from core.settings import Settings
 from core.store.database import Database
-from handlers.app import create_app
+from infra.app import serving_app
 from infra.cli import main
 from tests.api.conftest import http  # noqa: F401  (fixture shared with tests/api)
 from tests.api.helpers import Caller, caller
@@ -79,7 +79,7 @@ def test_allowed_hosts_refuse_other_hosts_at_registration(
     db: Database, settings: Settings
 ) -> None:
     narrowed = settings.model_copy(update={"upstream_allowed_hosts": "*.internal, 10.0.0.5"})
-    with TestClient(create_app(narrowed)) as client:
+    with TestClient(serving_app(narrowed)) as client:
         me = caller(db, client, "models:admin")
         refused = me.post("/v1/models", json={"id": "x", "upstream": {
             **UPSTREAM, "base_urls": ["http://169.254.169.254/v1"]}})

@@ -17,8 +17,8 @@ import tests.engines  # noqa: F401  registers the deterministic engine in this p
 from core.clock import Clock
 from core.settings import Settings
 from core.store import claims
+from core.store.connect import create_db_engine
 from core.store.database import Database
-from infra.db import create_db_engine
 from infra.migrate import upgrade
 from scheduler.attempt import Attempt
 from scheduler.heartbeat import LeaseKeeper

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from core.settings import Settings
-from infra.db import open_database
+from core.store.connect import open_database
 from tests.api.served import Service
 from tests.databases import migrated_store
 from tests.openai.test_sdk import settled
