@@ -108,7 +108,7 @@ def round_of(one: Callable[[], Stream], concurrency: int) -> tuple[float, list[f
     def run() -> None:
         try:
             stream = one()
-        except BaseException as exc:  # noqa: BLE001  reported below, with the others
+        except BaseException as exc:  # reported below, with the others
             failures.append(exc)
             return
         with lock:
@@ -129,7 +129,7 @@ def write_load(database: Path, since_ms: int, seconds: float, tokens: int) -> st
     """Events and write transactions the taskward side stored since `since_ms`."""
     engine = create_engine(f"sqlite:///{database}")
     with engine.connect() as conn:
-        rows = dict(conn.execute(
+        rows: dict[str, int] = dict(conn.execute(
             select(task_events.c.type, func.count()).where(task_events.c.created_at >= since_ms)
             .group_by(task_events.c.type)).all())
     engine.dispose()

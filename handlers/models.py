@@ -15,8 +15,8 @@ from litestar.params import FromPath, JSONBody
 from pydantic import Field, StringConstraints
 
 from core.bodies import StrictBody
-from core.model_files import DEFAULT_ENGINE
 from core.errors import InvalidInput
+from core.model_files import DEFAULT_ENGINE
 from core.models_registry import (
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_TIMEOUT_SECONDS,

@@ -198,7 +198,7 @@ def _record_upstream_reports(db: Database) -> None:
         return
     try:
         upstream_health.record(db, reports)
-    except Exception as exc:  # noqa: BLE001  never let monitoring break a slot
+    except Exception as exc:  # never let monitoring break a slot
         log.warning("upstream reports not stored (%s)", type(exc).__name__)
 
 

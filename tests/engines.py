@@ -19,7 +19,7 @@ from core.engines.base import (
     EngineOptions,
     GenerationRequest,
     LoadedModel,
-    ModelFile,
+    ModelSource,
     Snapshot,
     Usage,
 )
@@ -68,7 +68,7 @@ class WordsEngine:
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
 
-    def load(self, model: ModelFile) -> LoadedModel:
+    def load(self, model: ModelSource) -> LoadedModel:
         return WordsModel()
 
 

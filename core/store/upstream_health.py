@@ -48,7 +48,8 @@ def record(db: Database, reports: Reports) -> None:
                  for (m, u), until in sorted(reports.cooldowns.items())])
 
 
-_ERRORS = select(upstream_errors.c.model_id, upstream_errors.c.code, upstream_errors.c.count)
+_ERRORS = select(upstream_errors.c.model_id, upstream_errors.c.code,
+                 upstream_errors.c.count.label("n"))  # `count` is a tuple method
 _COOLING = (select(upstream_cooldowns.c.model_id, upstream_cooldowns.c.base_url)
             .where(upstream_cooldowns.c.until > bindparam("p_now"))
             .order_by(upstream_cooldowns.c.model_id, upstream_cooldowns.c.base_url))
@@ -69,7 +70,7 @@ def _read(conn: Connection, now: int) -> UpstreamStats:
             cooling[row.model_id].append(row.base_url)
     return UpstreamStats(
         in_flight={m: counts[m] for m in sorted(limits)},
-        errors={(r.model_id, r.code): r.count for r in conn.execute(_ERRORS)
+        errors={(r.model_id, r.code): r.n for r in conn.execute(_ERRORS)
                 if r.model_id in limits},
         cooling=dict(cooling),
     )

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from freezegun import freeze_time
 
-from core.engines.base import Chunk, EngineOptions, GenerationRequest, ModelFile
+from core.engines.base import Chunk, EngineOptions, GenerationRequest, ModelSource
 from core.engines.registry import register_engine
 from core.models_registry import register
 from core.settings import Settings
@@ -144,7 +144,7 @@ class _BrokenEngine:
     def __init__(self, options: EngineOptions) -> None:
         pass
 
-    def load(self, model: ModelFile) -> _BrokenModel:
+    def load(self, model: ModelSource) -> _BrokenModel:
         return _BrokenModel()
 
 

@@ -34,7 +34,7 @@ def normalized_base_url(url: str) -> str:
         raise UrlRefused("invalid_upstream_url", "a base URL is at most 2048 visible characters")
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018  raises on a port that is not a number in range
+        parts.port
     except ValueError:
         raise UrlRefused("invalid_upstream_url", "a base URL must be a valid URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:

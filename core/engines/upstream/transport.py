@@ -95,7 +95,7 @@ async def _pump(
                 if payload == "[DONE]":
                     return
                 into.put(json.loads(payload))
-    except Exception as exc:  # noqa: BLE001  the engine thread maps it to an error code
+    except Exception as exc:  # the engine thread maps it to an error code
         into.put(exc)
     finally:
         into.put(END)
