@@ -10,9 +10,9 @@ CHROMIUM := /usr/bin/chromium
 # cache folder (about 12 minutes on 2 cores), found there by every later clone and run.
 LLAMA_SERVER := $(VENV)/.llama-server-path
 
-.PHONY: install run test test-slow lint typecheck bench
+.PHONY: install test-tools run test test-slow lint typecheck bench
 
-$(STAMP): pyproject.toml | $(CHROMIUM)
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -25,7 +25,10 @@ $(LLAMA_SERVER): infra/dev/install-llama-server.sh | $(STAMP)
 	PYTHON=$(PYTHON) bash infra/dev/install-llama-server.sh > $@.partial
 	mv $@.partial $@
 
-install: $(STAMP) $(LLAMA_SERVER)
+install: $(STAMP)
+
+# What the tests drive besides taskward itself: a browser and a real inference server.
+test-tools: $(CHROMIUM) $(LLAMA_SERVER)
 
 $(CHROMIUM):
 	apt-get update
@@ -34,10 +37,10 @@ $(CHROMIUM):
 run: install
 	$(VENV)/bin/taskward run
 
-test: install
+test: install test-tools
 	$(PY) -m pytest -q
 
-test-slow: install
+test-slow: install test-tools
 	$(PY) -m pytest -q -m slow
 
 lint: install
@@ -48,6 +51,6 @@ typecheck: install
 	$(VENV)/bin/mypy
 
 # Every figure of docs/benchmarks.md, each script beside its peer (~25 minutes).
-bench: install
+bench: install test-tools
 	for script in store schedules throughput engine service http upstream; do \
 		$(PY) -m bench.$$script || exit 1; done

@@ -20,10 +20,6 @@ from pathlib import Path
 
 import httpx
 
-from core.settings import Settings
-from core.store.connect import create_db_engine
-from infra.migrate import upgrade
-from tests.databases import copy_sqlite, private_pg_database
 from tests.scheduler.processes import free_port
 
 TASKWARD = str(Path(sys.executable).with_name("taskward"))
@@ -50,18 +46,6 @@ def service_env(database_url: str, models_dir: Path) -> dict[str, str]:
     return {**kept, "TASKWARD_DATABASE_URL": database_url, "TASKWARD_MODELS_DIR": str(models_dir),
             "TASKWARD_ENGINE_MODULES": "tests.engines", "TASKWARD_NODE_ID": "api-tests",
             "PYTHONPATH": str(REPO)}
-
-
-def migrated_store(stack: ExitStack, kind: str, workdir: Path, sqlite_template: Path) -> str:
-    """The URL of a migrated, empty store of `kind` ("sqlite" or "postgresql") for served
-    processes: a copy of the template file, or a private database dropped with `stack`."""
-    if kind == "sqlite":
-        return copy_sqlite(sqlite_template, workdir / "taskward.db")
-    url = stack.enter_context(private_pg_database())
-    engine = create_db_engine(Settings(database_url=url))
-    upgrade(engine)
-    engine.dispose()
-    return url
 
 
 @contextmanager

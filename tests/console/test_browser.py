@@ -25,8 +25,9 @@ from core.settings import Settings
 from core.store.clients import create_client
 from core.store.connect import open_database
 from tests.api.helpers import register_test_model
-from tests.api.served import migrated_store, running_service
+from tests.api.served import running_service
 from tests.console.browser import chromium
+from tests.databases import migrated_store
 from tests.engines import expected_text
 
 WAIT_MS = 30_000
@@ -58,7 +59,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
            sqlite_template: Path) -> Iterator[Served]:
     workdir = tmp_path_factory.mktemp(f"console-{request.param}")
     with ExitStack() as stack:
-        url = migrated_store(stack, request.param, workdir, sqlite_template)
+        url = stack.enter_context(migrated_store(request.param, workdir, sqlite_template))
         db = open_database(Settings(database_url=url))
         register_test_model(db, workdir / "models")
         admin = create_client(db, name="operator", scopes=frozenset({"admin"}))
