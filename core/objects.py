@@ -62,6 +62,7 @@ def task_object(task: Record) -> dict[str, Any]:
         "max_attempts": task.max_attempts,
         "on_restart": task.on_restart,
         "dedupe_key": task.dedupe_key,
+        "priority": task.priority,
         "error": error_of(task),
         "dead_lettered": bool(task.dead_lettered),
         "last_seq": task.last_seq,
@@ -123,6 +124,7 @@ def response_object(
         "top_p": request.get("top_p"),
         "output": [_final_message(task.id, text, current)] if show_output else [],
         "parallel_tool_calls": False,
+        "service_tier": request.get("service_tier"),  # `priority`'s alias, echoed as sent
         "tool_choice": "none",
         "tools": [],
         "text": {"format": {"type": "text"}},

@@ -11,12 +11,13 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, Strict, StringConstraints, field_validator
+from pydantic import Field, Strict, StringConstraints, field_validator, model_validator
 
 from core.bodies import StrictBody
 from core.clock import utc_ms
 from core.engines.base import GenerationRequest
 from core.errors import InvalidInput
+from core.priorities import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY, SERVICE_TIERS
 from core.settings import Settings
 from core.states import OnRestart
 from core.store.new_tasks import NewTask
@@ -61,6 +62,27 @@ class ResponseRequest(StrictBody):
     dedupe_key: PrintableAscii | None = None
     background: bool = True
     stream: bool = False
+    priority: int | None = Field(default=None, ge=HIGHEST_PRIORITY, le=LOWEST_PRIORITY,
+                                 description="0..9, lower runs first (default 5)")
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
+        default=None, description="OpenAI's name for a priority: priority 1, "
+        "default/auto 5, flex 8")
+
+    @model_validator(mode="after")
+    def _one_priority(self) -> ResponseRequest:
+        if (self.priority is not None and self.service_tier is not None
+                and SERVICE_TIERS[self.service_tier] != self.priority):
+            raise ValueError("priority and service_tier name different priorities")
+        return self
+
+    @property
+    def effective_priority(self) -> int:
+        """`priority`, else the one `service_tier` names, else the default."""
+        if self.priority is not None:
+            return self.priority
+        if self.service_tier is not None:
+            return SERVICE_TIERS[self.service_tier]
+        return DEFAULT_PRIORITY
 
     @field_validator("run_at", mode="before")
     @classmethod
@@ -124,6 +146,7 @@ def new_task(
         client_id=client_id, model=request.model, request_json=request.stored_json(),
         on_restart=request.on_restart, max_attempts=attempts, run_at=run_at,
         metadata=dict(request.metadata), dedupe_key=request.dedupe_key, schedule_id=schedule_id,
+        priority=request.effective_priority,
     )
 
 

@@ -27,6 +27,10 @@ _ACTIVE_SQL = "status IN ('queued', 'loading', 'running', 'cancelling')"
 _LEASED_SQL = "status IN ('loading', 'running', 'cancelling')"
 _TERMINAL_SQL = "status IN ('completed', 'failed', 'cancelled')"
 _DEAD_SQL = "dead_lettered = 1"
+# A queued task is either in line (it has a place, `vtime`: due, waiting its fair turn)
+# or waiting for its `run_at` (or a retry's backoff) outside the line; `core.store.line`.
+_IN_LINE_SQL = "status = 'queued' AND vtime IS NOT NULL"
+_OUTSIDE_LINE_SQL = "status = 'queued' AND vtime IS NULL"
 
 # The predicates of the partial indexes on `tasks`, as terms for queries on `tasks`.
 # A query can use a partial index only when its WHERE holds the index's predicate
@@ -40,6 +44,8 @@ IS_ACTIVE: TextClause = text(_ACTIVE_SQL)
 IS_LEASED: TextClause = text(_LEASED_SQL)
 IS_TERMINAL: TextClause = text(_TERMINAL_SQL)
 IS_DEAD_LETTER: TextClause = text(_DEAD_SQL)
+IS_IN_LINE: TextClause = text(_IN_LINE_SQL)
+IS_OUTSIDE_LINE: TextClause = text(_OUTSIDE_LINE_SQL)
 
 
 def _ms(name: str, nullable: bool = False, index: bool = False) -> Column[int]:
@@ -144,6 +150,8 @@ tasks = Table(
     Column("snapshot", Text, key="snapshot_json", nullable=True),
     Column("schedule_id", String(40), nullable=True),
     Column("retry_of", String(40), nullable=True),
+    Column("priority", Integer, nullable=False, server_default="5"),
+    Column("vtime", BigInteger, nullable=True),  # place in the fair line
     _partial("ix_tasks_due", "run_at", "id", where=_QUEUED_SQL),
     _partial("ix_tasks_leases", "lease_expires_at", where=_LEASED_SQL),
     # An upstream model's attempts in flight, counted by every claim of its tasks.
@@ -155,6 +163,10 @@ tasks = Table(
     _partial("ix_tasks_node", "node_id", where=_ACTIVE_SQL),
     _partial("ix_tasks_finished", "finished_at", where=_TERMINAL_SQL),
     _partial("ix_tasks_dead", "id", where=_DEAD_SQL),
+    _partial("ix_tasks_line", "priority", "vtime", "id", where=_IN_LINE_SQL),
+    _partial("ix_tasks_client_line", "client_id", "priority", "vtime", where=_IN_LINE_SQL),
+    _partial("ix_tasks_outside_line", "run_at", "id", where=_OUTSIDE_LINE_SQL),
+    _partial("ix_tasks_client_active", "client_id", where=_ACTIVE_SQL),
     _partial("ux_tasks_dedupe", "client_id", "dedupe_key", unique=True,
              where=f"dedupe_key IS NOT NULL AND {_ACTIVE_SQL}"),
 )

@@ -12,6 +12,7 @@ from litestar.params import FromQuery, Parameter
 from litestar.response import Stream
 
 from core.objects import task_object
+from core.priorities import HIGHEST_PRIORITY, LOWEST_PRIORITY
 from core.states import Status
 from core.store.tasks import CancelOutcome, cancel, list_tasks
 from handlers.answers import page
@@ -31,12 +32,13 @@ async def tasks_list(
     request: ClientRequest,
     services: Services,
     status: FromQuery[Status | None] = None,
+    priority: Annotated[int | None, Parameter(ge=HIGHEST_PRIORITY, le=LOWEST_PRIORITY)] = None,
     limit: PageLimit = 20,
     after: Cursor = None,
 ) -> dict[str, Any]:
     """Newest first; pass `next_cursor` back as `after` for the next page."""
     rows, cursor = await blocking(list_tasks, services.db, request.user.owner_filter,
-                                  status=status, limit=limit, after=after)
+                                  status=status, priority=priority, limit=limit, after=after)
     return page([task_object(row) for row in rows], cursor)
 
 

@@ -20,8 +20,9 @@ from core.ids import new_owner_token
 from core.states import OnRestart, Status
 from core.store import capacity
 from core.store.database import Database
+from core.store.line import place_due
 from core.store.transitions import Add, Event, Held, IfNull, Locked, PerRow, move
-from core.tables import IS_LEASED, IS_QUEUED, responses, task_events, tasks
+from core.tables import IS_IN_LINE, IS_LEASED, responses, task_events, tasks
 
 MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
 
@@ -46,10 +47,11 @@ def claim(
     db: Database, *, limit: int, lease_ms: int, node_id: str, upstream_limit: int = 0
 ) -> list[Claim]:
     """Take up to `limit` due tasks of local models and up to `upstream_limit` of
-    upstream models (within their `max_concurrency`), oldest first, in one short
-    transaction.
+    upstream models (within their `max_concurrency`) in one short transaction.
 
-    Resumable `running` tasks (lease expired or cleared) come before due `queued` ones.
+    Resumable `running` tasks (lease expired or cleared) come first, oldest first; then
+    queued ones in the fair line's order (priority, then round-robin across clients),
+    after the waiting tasks whose time has come have been given their place.
     A task whose attempts are spent is dead-lettered here instead of being claimed.
     Every statement is built once: a claim runs for every few tasks a worker executes.
     """
@@ -58,6 +60,7 @@ def claim(
     with db.write() as conn:
         now = db.clock.now_ms()
         limits = capacity.upstream_limits(conn)
+        place_due(conn, now)
         resumable, queued = _due(conn, _LOCAL, list(limits), now, limit)
         if upstream_limit > 0 and limits:
             more = _due(conn, _UPSTREAM, capacity.with_room(conn, limits, now), now,
@@ -108,8 +111,8 @@ _ITEMS_OPENED = (
 )
 
 
-def _candidates_query(*where: Any, with_output: bool) -> Any:
-    """Due tasks of one kind, oldest first, locked (`p_now`, `p_limit`); a resumable
+def _candidates_query(*where: Any, order: Sequence[Any], with_output: bool) -> Any:
+    """Due tasks of one kind in `order`, locked (`p_now`, `p_limit`); a resumable
     task brings its stored output along, a queued one starts over without it."""
     columns = [tasks.c.id, tasks.c.status, tasks.c.attempts, tasks.c.max_attempts,
                tasks.c.model, tasks.c.request_json, tasks.c.snapshot_json, _ITEMS_OPENED]
@@ -119,7 +122,7 @@ def _candidates_query(*where: Any, with_output: bool) -> Any:
                         responses.c.output_tokens)
                  .join(responses, responses.c.task_id == tasks.c.id))
     return (query.where(*where)
-            .order_by(tasks.c.run_at, tasks.c.id)
+            .order_by(*order)
             .limit(bindparam("p_limit"))
             .with_for_update(skip_locked=True, of=tasks))
 
@@ -133,10 +136,14 @@ _RESUMABLE = {pool: _candidates_query(
     tasks.c.on_restart == OnRestart.RESUME.value,
     tasks.c.lease_expires_at.is_(None) | (tasks.c.lease_expires_at <= bindparam("p_now")),
     models_term,
+    order=(tasks.c.run_at, tasks.c.id),
     with_output=True,
 ) for pool, models_term in _POOLS.items()}
-_QUEUED = {pool: _candidates_query(IS_QUEUED, tasks.c.run_at <= bindparam("p_now"),
-                                   models_term, with_output=False)
+# The fair line (`core.store.line`): every task in it is due; `ix_tasks_line` serves it.
+_QUEUED = {pool: _candidates_query(IS_IN_LINE, tasks.c.run_at <= bindparam("p_now"),
+                                   models_term,
+                                   order=(tasks.c.priority, tasks.c.vtime, tasks.c.id),
+                                   with_output=False)
            for pool, models_term in _POOLS.items()}
 
 

@@ -19,9 +19,11 @@ from core.errors import Conflict, InvalidInput
 from core.idempotency import IdempotencyClaim
 from core.ids import sortable_id
 from core.objects import response_object
+from core.priorities import DEFAULT_PRIORITY
 from core.states import OnRestart, Status
 from core.store.bulk import insert_rows
 from core.store.database import Database
+from core.store.line import places
 from core.store.tasks import current_response, response_in, task_in
 from core.tables import IS_ACTIVE, idempotency_keys, models, responses, task_events, tasks
 
@@ -40,6 +42,7 @@ class NewTask:
     dedupe_key: str | None = None
     schedule_id: str | None = None
     retry_of: str | None = None
+    priority: int = DEFAULT_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -196,8 +199,9 @@ def insert_tasks(
     their response rows and `response.created` events (`core.store.bulk.insert_rows`).
     Within a batch as between batches, the first request holding a dedupe key wins. A
     past `run_at` is kept as given: the task is due at once, and a schedule's task
-    carries its slot. Each answer is the new task's columns (with empty response
-    columns), enough to render it without a read-back.
+    carries its slot. A due task takes its place in the fair line (`core.store.line`);
+    a later one waits outside it. Each answer is the new task's columns (with empty
+    response columns), enough to render it without a read-back.
     """
     if not news:
         return []
@@ -206,6 +210,10 @@ def insert_tasks(
         raise InvalidInput("model_not_found", "no model is registered under that id",
                            extra={"field": "model"})
     rows = [_task_values(new, now) for new in news]
+    due = [row for row in rows if row["run_at"] <= now]
+    for row, place in zip(due, places(conn, [(row["client_id"], row["priority"])
+                                             for row in due])):
+        row["vtime"] = place
     inserted = {row.id for row in insert_rows(conn, tasks, rows, skip_conflicts=True,
                                               returning=[tasks.c.id])}
     born = [row["id"] for row in rows if row["id"] in inserted]
@@ -231,6 +239,7 @@ def _task_values(new: NewTask, now: int) -> dict[str, Any]:
         "dead_lettered": 0, "metadata_json": json.dumps(new.metadata, separators=(",", ":")),
         "request_json": new.request_json, "snapshot_json": None,
         "schedule_id": new.schedule_id, "retry_of": new.retry_of,
+        "priority": new.priority, "vtime": None,
     }
 
 

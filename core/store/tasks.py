@@ -85,6 +85,7 @@ def list_tasks(
     *,
     status: Status | None = None,
     model: str | None = None,
+    priority: int | None = None,
     dead_lettered: bool = False,
     limit: int = 20,
     after: str | None = None,
@@ -95,6 +96,8 @@ def list_tasks(
         query = query.where(tasks.c.status == status.value)
     if model is not None:
         query = query.where(tasks.c.model == model)
+    if priority is not None:
+        query = query.where(tasks.c.priority == priority)
     if dead_lettered:
         query = query.where(IS_DEAD_LETTER)
     with db.read() as conn:

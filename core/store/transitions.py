@@ -6,6 +6,8 @@ It checks the expected states against `core.states.TRANSITIONS`, bumps `last_seq
 the number of events in the same statement, and inserts the events with the numbers
 that bump implies. The row lock of the UPDATE serialises writers of one task on both
 stores, so `seq` is gapless; zero rows returned means the condition did not hold.
+A task moved back to `queued` leaves the fair line (`core.store.line`) and is placed
+again once it is due.
 """
 
 from __future__ import annotations
@@ -216,6 +218,8 @@ def _update(
                               "last_seq": tasks.c.last_seq + bindparam("p_count")}
     if to is not None:
         values["status"] = to.value
+    if to is Status.QUEUED:  # back in the queue: it waits to be placed in line anew
+        values["vtime"] = None
     values.update(changes)
     return (
         update(tasks)
