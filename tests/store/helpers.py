@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from core.objects import TERMINAL_EVENTS
 from core.states import OnRestart
@@ -52,3 +52,21 @@ def assert_log_sound(db: Database, task_id: str) -> None:
     assert len(terminal) <= 1
     if terminal:
         assert terminal[0] == len(events) - 1
+
+
+def fill_line(db: Database, model: str, *, clients: int, per_client: int) -> None:
+    """`clients × per_client` queued tasks, in line as interleaved enqueues place them
+    (client k's j-th task in round j), written by one set-based INSERT: a volume set-up
+    for plans and benchmarks, not a way to create real tasks (no response rows)."""
+    total = clients * per_client
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        conn.execute(text(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < :last) "
+            "INSERT INTO tasks (id, client_id, model, status, on_restart, attempts, "
+            "max_attempts, created_at, updated_at, run_at, last_seq, dead_lettered, metadata, "
+            "request, priority, vtime) "
+            "SELECT 'resp_fill' || (10000000 + i), 'client-' || (i % :clients), :model, "
+            "'queued', 'retry', 0, 3, :now, :now, :now, 1, 0, '{}', '{}', 5, i / :clients "
+            "FROM n"), {"last": total - 1, "clients": clients, "model": model, "now": now})
+        conn.execute(text("ANALYZE" if db.is_sqlite else "ANALYZE tasks"))

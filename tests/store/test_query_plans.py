@@ -25,7 +25,7 @@ from core.store.recovery import expire_leases, finalise_orphaned_cancels
 from core.store.retention import remove_expired
 from core.store.tasks import cancelling_among
 from core.tables import IS_ACTIVE, IS_LEASED, IS_QUEUED, IS_TERMINAL
-from tests.store.helpers import new_task
+from tests.store.helpers import fill_line, new_task
 
 Statement = tuple[str, Any]
 
@@ -137,3 +137,34 @@ def test_live_tasks_are_counted_by_state_from_one_index(db: Database, model_id: 
             plan = [row[0] for row in conn.exec_driver_sql(f"EXPLAIN {by_status[0]}",
                                                            by_status[1])]
             assert any("ix_tasks_active_status" in line for line in plan), plan
+
+
+def _line_plan(db: Database, statement: Statement) -> list[str]:
+    sql, params = statement
+    with db.engine.connect() as conn:
+        if db.is_sqlite:
+            return [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)]
+        plan = [row[0] for row in conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) {sql}", params)]
+        conn.rollback()  # EXPLAIN ANALYZE took the row locks: give them back
+        return plan
+
+
+def test_the_fair_claim_reads_the_line_in_index_order_with_100000_tasks_of_100_clients(
+    db: Database, model_id: str
+) -> None:
+    fill_line(db, model_id, clients=100, per_client=1000)
+    with captured(db) as statements:
+        taken = claims.claim(db, limit=4, lease_ms=60_000, node_id="n")
+    assert len({c.task_id for c in taken}) == 4
+    [line] = [s for s in statements if "ORDER BY tasks.priority, tasks.vtime" in s[0]]
+    plan = _line_plan(db, line)
+    assert any("ix_tasks_line" in step for step in plan), plan
+    assert not any("TEMP B-TREE" in step or step.lstrip(" ->").startswith("Sort")
+                   for step in plan), plan  # no sort of the queue: the index is the order
+    if not db.is_sqlite:  # the pages the whole statement touched (its top node's count)
+        top = next(step for step in plan if "Buffers:" in step)
+        touched = sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", top))
+        assert touched < 50, plan
+    for statement in statements:
+        assert full_scans(db, statement) == [], statement[0]
