@@ -25,7 +25,7 @@ from core.store.recovery import expire_leases, finalise_orphaned_cancels
 from core.store.retention import remove_expired
 from core.store.tasks import cancelling_among
 from core.tables import IS_ACTIVE, IS_LEASED, IS_QUEUED, IS_TERMINAL
-from tests.store.helpers import fill_line, new_task
+from tests.store.helpers import fill_line, force, new_task
 
 Statement = tuple[str, Any]
 
@@ -154,7 +154,10 @@ def test_the_fair_claim_reads_the_line_in_index_order_with_100000_tasks_of_100_c
     db: Database, model_id: str
 ) -> None:
     fill_line(db, model_id, clients=100, per_client=1000)
+    waiting = new_task(db, model_id, client="client-7")
+    force(db, waiting, vtime=None)  # due, outside the line: this claim places it
     with captured(db) as statements:
+        new_task(db, model_id, client="client-8")  # placed at enqueue
         taken = claims.claim(db, limit=4, lease_ms=60_000, node_id="n")
     assert len({c.task_id for c in taken}) == 4
     [line] = [s for s in statements if "ORDER BY tasks.priority, tasks.vtime" in s[0]]
