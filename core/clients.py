@@ -18,6 +18,7 @@ from sqlalchemy import Row
 
 from core.clock import iso
 from core.errors import Forbidden, InvalidInput
+from core.quotas import LIMIT_NAMES, Limits
 
 ADMIN = "admin"
 SCOPES: tuple[str, ...] = (
@@ -45,6 +46,7 @@ class Client:
     id: str
     name: str
     scopes: frozenset[str]
+    limits: Limits = Limits()
 
     def allows(self, scope: str) -> bool:
         return ADMIN in self.scopes or scope in self.scopes
@@ -124,4 +126,5 @@ def client_object(row: Row[Any]) -> dict[str, Any]:
         "scopes": sorted(scope_set(row.scopes)),
         "created_at": iso(row.created_at),
         "revoked_at": iso(row.revoked_at),
+        **{name: getattr(row, name) for name in LIMIT_NAMES},  # None: the default applies
     }

@@ -42,6 +42,22 @@ class Forbidden(DomainError):
     status = 403
 
 
+class TooManyRequests(DomainError):
+    """A client is over one of its limits (`core.quotas`): it may try again later.
+
+    `limit` and `remaining` are in the limit's own unit (tasks, requests per second,
+    streams); `retry_after` is when trying again may succeed, in seconds."""
+
+    status = 429
+
+    def __init__(self, code: str, message: str, *, limit: float, remaining: int = 0,
+                 retry_after: float = 1.0) -> None:
+        super().__init__(code, message)
+        self.limit = limit
+        self.remaining = remaining
+        self.retry_after = retry_after
+
+
 class LeaseLost(DomainError):
     """A worker's fenced write changed nothing: another owner or state holds the task."""
 

@@ -119,6 +119,7 @@ def new_task(
     above_cap: Literal["refuse", "clamp"] = "refuse",
     schedule_id: str | None = None,
     now_ms: int | None = None,
+    max_active: int = 0,
 ) -> NewTask:
     """The task a validated body asks for, owned by `client_id`.
 
@@ -131,6 +132,9 @@ def new_task(
     due at once like one without `run_at`. Claims take the oldest `run_at` first, and a
     client must not put its task ahead of those already waiting by dating it in the
     past. A schedule gives none: its task keeps its slot's time.
+
+    `max_active` is the client's `max_active_tasks`, checked when the task is stored
+    (0: not checked; schedules fire unchecked, since nobody is there to retry).
     """
     attempts = request.max_attempts or settings.max_attempts_default
     if attempts > settings.max_attempts_cap:
@@ -146,7 +150,7 @@ def new_task(
         client_id=client_id, model=request.model, request_json=request.stored_json(),
         on_restart=request.on_restart, max_attempts=attempts, run_at=run_at,
         metadata=dict(request.metadata), dedupe_key=request.dedupe_key, schedule_id=schedule_id,
-        priority=request.effective_priority,
+        priority=request.effective_priority, max_active=max_active,
     )
 
 

@@ -74,6 +74,10 @@ class Settings(BaseSettings):
     http_idle_timeout_seconds: float = Field(30, ge=0, le=3600)
     http_body_timeout_seconds: float = Field(30, ge=0, le=3600)
     console_session_hours: float = Field(8, gt=0, le=720)  # an operator console login
+    # Per-client defaults (`core.quotas`): a client's own value, when set, wins.
+    client_max_active_tasks: int = Field(0, ge=0)  # 0 = unlimited
+    client_requests_per_second: float = Field(0, ge=0)  # 0 = unlimited
+    client_max_streams: int = Field(100, ge=1)
     # Extra engine plug-ins: comma-separated module names imported at start-up, each
     # registering engines with `core.engines.registry.register_engine`.
     engine_modules: str = ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Column,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -59,6 +60,13 @@ def _partial(name: str, *columns: str, where: str, unique: bool = False) -> Inde
                  postgresql_where=text(where))
 
 
+def _limit_columns() -> list[Column[object]]:
+    """A client's quotas (`core.quotas`); NULL: the setting's default."""
+    return [Column("max_active_tasks", Integer, nullable=True),
+            Column("requests_per_second", Float, nullable=True),
+            Column("max_streams", Integer, nullable=True)]
+
+
 metadata = MetaData()
 
 # Service identity and settings that must survive restarts (key/value).
@@ -76,6 +84,8 @@ clients = Table(
     Column("scopes", Text, nullable=False),  # space separated
     _ms("created_at"),
     _ms("revoked_at", nullable=True),
+    *_limit_columns(),
+    _ms("limits_changed_at", nullable=True),
 )
 
 # One-time pairing codes: `<id>-<secret>`, only the secret's hash is kept.
@@ -89,6 +99,7 @@ pairing_codes = Table(
     _ms("expires_at", index=True),
     Column("failures", Integer, nullable=False, server_default="0"),
     _ms("used_at", nullable=True),
+    *_limit_columns(),  # the limits the redeeming client gets
 )
 
 # A file entry (path, size, digest) or an upstream entry (`upstream`, the JSON of its

@@ -38,6 +38,7 @@ from handlers.console.routes import console_router
 from handlers.enqueuing import Enqueuer
 from handlers.errors import problem_details_plugin
 from handlers.json_body import BoundedRequest
+from handlers.limits import ClientLimits
 from handlers.live import LiveTail
 from handlers.params import unknown_ids_are_not_found
 from handlers.services import ProcessServices
@@ -80,7 +81,8 @@ def create_app(
     tokens = TokenCache(db, recheck_seconds=settings.poll_interval_ms / 1000)
     enqueuer = Enqueuer(db, idempotency_ttl_ms=int(settings.idempotency_ttl_hours * 3_600_000))
     services = ProcessServices(db=db, settings=settings, tail=tail, enqueuer=enqueuer,
-                               tokens=tokens, readiness=readiness)
+                               tokens=tokens, limits=ClientLimits(settings),
+                               readiness=readiness)
 
     return Litestar(
         route_handlers=[*health.ROUTES, *metrics.ROUTES, *clients.ROUTES, *models.ROUTES,

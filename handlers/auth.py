@@ -10,6 +10,8 @@ route handler for every guard call, which costs a sixth of a small request.
 A console page's own reads (its live tail's `EventSource`, which cannot send a header)
 are authenticated by the console session cookie instead (`handlers.console.session`).
 
+It also spends one token of the client's request rate (`handlers.limits`).
+
 Tokens are checked through the process's `TokenCache`: a revocation is honoured at
 once by the process that made it and within `poll_interval_ms` by every other.
 """
@@ -25,8 +27,12 @@ from litestar.middleware import AbstractAuthenticationMiddleware, Authentication
 from litestar.middleware.base import DefineMiddleware
 
 from core.clients import Client
-from core.errors import Forbidden, Unauthorized
+from core.errors import Forbidden, InvalidInput, TooManyRequests, Unauthorized
+from core.idempotency import parse_key
+from core.store.database import Database
+from core.store.new_tasks import is_recorded
 from handlers.console.session import console_client, session_still_valid
+from handlers.threads import blocking
 from handlers.tokens import TokenCache
 
 ClientRequest = Request[Client, Any, Any]  # `request.user` is the authenticated client
@@ -51,6 +57,12 @@ class BearerAuthentication(AbstractAuthenticationMiddleware):
         scope = connection.route_handler.opt.get(_SCOPE)
         if scope is not None and not client.allows(scope):
             raise Forbidden("missing_scope", f"this call needs the {scope} scope")
+        services = connection.app.state.services
+        try:
+            services.limits.admit_request(client)
+        except TooManyRequests:
+            if not await _is_replay(connection, client, services.db):
+                raise
         return AuthenticationResult(user=client, auth=None)
 
 
@@ -71,6 +83,19 @@ def token_still_valid(request: ClientRequest) -> Callable[[], Awaitable[bool]]:
         return True
 
     return still_valid
+
+
+async def _is_replay(connection: ASGIConnection, client: Client, db: Database) -> bool:
+    """A request that repeats an answered Idempotency-Key: never refused by a limit, as
+    it creates nothing. Asked only of a request the rate limit would refuse."""
+    key = connection.headers.get("idempotency-key")
+    if key is None or connection.scope["method"] != "POST":
+        return False
+    try:
+        parsed = parse_key(key)
+    except InvalidInput:
+        return False
+    return await blocking(is_recorded, db, client.id, parsed)
 
 
 def bearer_token(header: str | None) -> str:

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from litestar import delete, get, post
+from litestar import delete, get, patch, post
 from litestar.params import JSONBody
 from pydantic import Field, StringConstraints
 
 from core.bodies import StrictBody
-from core.clients import DEFAULT_SCOPES, SCOPES, client_object, parse_scopes
+from core.clients import ADMIN, DEFAULT_SCOPES, SCOPES, client_object, parse_scopes
 from core.errors import Forbidden
-from core.store.clients import create_pairing_code, list_clients, redeem_pairing_code, revoke
+from core.quotas import Limits
+from core.store.clients import (
+    create_pairing_code,
+    list_clients,
+    redeem_pairing_code,
+    revoke,
+    set_limits,
+)
 from handlers.answers import page
 from handlers.auth import PUBLIC_ROUTE, ClientRequest, requires
 from handlers.params import ClientId
@@ -27,7 +34,21 @@ class PairBody(StrictBody):
     name: Name | None = None
 
 
-class PairingCodeBody(StrictBody):
+class LimitsBody(StrictBody):
+    """A client's limits (`core.quotas`); null: the setting's default."""
+
+    max_active_tasks: int | None = Field(default=None, ge=0, le=10**9,
+                                         description="queued + running at once; 0 = unlimited")
+    requests_per_second: float | None = Field(default=None, ge=0, le=10**6,
+                                              description="per API process; 0 = unlimited")
+    max_streams: int | None = Field(default=None, ge=1, le=10**6,
+                                    description="SSE streams and waits at once, per process")
+
+    def limits(self) -> Limits:
+        return Limits(self.max_active_tasks, self.requests_per_second, self.max_streams)
+
+
+class PairingCodeBody(LimitsBody):
     scopes: list[str] = Field(default_factory=lambda: sorted(DEFAULT_SCOPES),
                               max_length=len(SCOPES),
                               description="scopes the new client gets: " + ", ".join(SCOPES))
@@ -53,7 +74,8 @@ async def new_pairing_code(
     if not all(request.user.allows(scope) for scope in scopes):
         raise Forbidden("scope_not_held", "a client can only grant scopes it holds itself")
     issued = await blocking(create_pairing_code, services.db, scopes=scopes, name=data.name,
-                            ttl_seconds=services.settings.pairing_code_ttl_seconds)
+                            ttl_seconds=services.settings.pairing_code_ttl_seconds,
+                            limits=data.limits())
     return issued.public()
 
 
@@ -73,4 +95,17 @@ async def revoke_client(
     services.tokens.forget()
 
 
-ROUTES = [pair, new_pairing_code, clients_list, revoke_client]
+@patch("/v1/clients/{client_id:str}", opt=requires("clients:admin"), tags=["clients"])
+async def change_client_limits(
+    request: ClientRequest, client_id: ClientId, data: JSONBody[LimitsBody], services: Services
+) -> dict[str, Any]:
+    """Change a client's limits: only the fields sent change (null: back to the
+    default). Honoured by this process at once, by every other within
+    `poll_interval_ms`. Only an `admin` may limit an `admin` client."""
+    row = await blocking(set_limits, services.db, client_id, data.model_dump(exclude_unset=True),
+                         by_admin=ADMIN in request.user.scopes)
+    services.tokens.forget()
+    return client_object(row)
+
+
+ROUTES = [pair, new_pairing_code, clients_list, revoke_client, change_client_limits]

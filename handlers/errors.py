@@ -12,6 +12,7 @@ OpenAI's SDKs not to retry them.
 from __future__ import annotations
 
 import logging
+import math
 from http import HTTPStatus
 from typing import Any
 
@@ -26,8 +27,9 @@ from sqlalchemy import Row
 from sqlalchemy.exc import DataError, OperationalError
 
 from core.bodies import field_path
-from core.errors import DomainError, Unauthorized
+from core.errors import DomainError, TooManyRequests, Unauthorized
 from core.objects import task_object
+from handlers.limits import reset_header
 from handlers.slow_clients import BodyTimeout, ClientDisconnected
 
 log = logging.getLogger("taskward.http")
@@ -104,7 +106,19 @@ def _domain_problem(exc: DomainError) -> ProblemDetailsException:
     extra = {key: task_object(value) if isinstance(value, Row) else value
              for key, value in exc.extra.items()}
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    if isinstance(exc, TooManyRequests):
+        headers = limit_headers(exc)
     return problem(exc.status, exc.code, exc.message, extra=extra, headers=headers)
+
+
+def limit_headers(exc: TooManyRequests) -> dict[str, str]:
+    """`Retry-After` and the `x-ratelimit-*` headers OpenAI's SDKs read: they wait that
+    long (up to a minute) and retry by themselves."""
+    return {"Retry-After": str(max(1, math.ceil(exc.retry_after))),
+            "retry-after-ms": str(max(1, math.ceil(exc.retry_after * 1000))),
+            "x-ratelimit-limit-requests": f"{exc.limit:g}",
+            "x-ratelimit-remaining-requests": str(exc.remaining),
+            "x-ratelimit-reset-requests": reset_header(exc.retry_after)}
 
 
 def _validation_problem(exc: ValidationException) -> ProblemDetailsException:

@@ -57,29 +57,41 @@ async def create_response(
 ) -> Response[Any] | Stream:
     """Create a task; `202` with `Location` and the response object (status `queued`)."""
     client, db, settings = request.user, services.db, services.settings
-    new = new_task(data, client_id=client.id, settings=settings, now_ms=db.clock.now_ms())
+    new = new_task(data, client_id=client.id, settings=settings, now_ms=db.clock.now_ms(),
+                   max_active=client.limits.effective(settings).max_active_tasks or 0)
     claim = None
     if idempotency_key is not None:
         digest = request_digest("POST", RESPONSES_PATH, await request.json())
         claim = IdempotencyClaim(parse_key(idempotency_key), digest)
-    outcome = await services.enqueuer.enqueue(new, claim)
+    answers_at_once = _respond_async(prefer) or (data.background and not data.stream)
+    # A stream or a wait takes its slot before the task is stored: a refusal stores nothing.
+    held = None if answers_at_once else services.limits.hold_stream(client)
+    try:
+        outcome = await services.enqueuer.enqueue(new, claim)
+    except BaseException:
+        if held is not None:
+            held()
+        raise
     if outcome.dedupe_hit:
+        if held is not None:
+            held()
         return json_bytes(outcome.body, 200, {"Dedupe-Hit": "true"})
     # A replay answers in the mode of the request it repeats (same body, so same mode):
     # the stored body when that answer was immediate, else the same wait or stream over
     # the same task, which gives the first answer again once the task has finished.
     replayed = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
     located = {**task_location(outcome.task_id), **replayed}
-    if _respond_async(prefer):
-        return json_bytes(outcome.body, outcome.status_code,
-                          {**located, "Preference-Applied": "respond-async"})
+    if held is None:
+        preference = {"Preference-Applied": "respond-async"} if _respond_async(prefer) else {}
+        return json_bytes(outcome.body, outcome.status_code, {**located, **preference})
     if data.stream:
         return await event_stream(db, services.tail, outcome.task_id, client.id, 0,
-                                  token_still_valid(request))
-    if data.background:
-        return json_bytes(outcome.body, outcome.status_code, located)
-    task = await settled(db, services.tail, outcome.task_id, client.id,
-                         settings.sync_timeout_seconds, read=get_response)
+                                  token_still_valid(request), held=held)
+    try:
+        task = await settled(db, services.tail, outcome.task_id, client.id,
+                             settings.sync_timeout_seconds, read=get_response)
+    finally:
+        held()
     if Status(task.status) in TERMINAL:
         return Response(response_object(task, task), status_code=200, headers=replayed)
     return Response(response_object(task, task), status_code=202, headers=located)
@@ -105,7 +117,8 @@ async def show_response(
     if stream:
         return await event_stream(services.db, services.tail, response_id, owner,
                                   resume_point(starting_after, last_event_id),
-                                  token_still_valid(request))
+                                  token_still_valid(request),
+                                  held=services.limits.hold_stream(request.user))
     task = await blocking(get_response, services.db, response_id, owner)
     return Response(response_object(task, task))
 

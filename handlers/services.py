@@ -16,6 +16,7 @@ from litestar.di import NamedDependency
 from core.settings import Settings
 from core.store.database import Database
 from handlers.enqueuing import Enqueuer
+from handlers.limits import ClientLimits
 from handlers.live import LiveTail
 from handlers.tokens import TokenCache
 
@@ -27,6 +28,7 @@ class ProcessServices:
     tail: LiveTail
     enqueuer: Enqueuer
     tokens: TokenCache
+    limits: ClientLimits
     readiness: Callable[[], None]  # raises unless the store is reachable and at head
 
 

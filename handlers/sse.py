@@ -22,6 +22,7 @@ from core.objects import TERMINAL_EVENTS, event_object
 from core.states import TERMINAL, Status
 from core.store.database import Database
 from core.store.tasks import task_and_events
+from handlers.limits import end_with
 from handlers.live import LiveTail
 from handlers.threads import blocking
 
@@ -75,21 +76,39 @@ StillAllowed = Callable[[], Awaitable[bool]]
 
 async def event_stream(
     db: Database, tail: LiveTail, task_id: str, owner: str | None, after: int,
-    still_allowed: StillAllowed,
+    still_allowed: StillAllowed, *, held: Callable[[], None],
 ) -> Stream:
     """`200 text/event-stream` of the events after `after`.
 
     The first page is read before answering, so an unknown task (or another client's)
     is a proper 404 problem rather than a stream that breaks at once. Before each later
     page `still_allowed()` is asked whether the caller's token still holds (a revoked
-    client's streams end within a page or a keep-alive).
+    client's streams end within a page or a keep-alive). `held` ends the client's hold
+    on a stream slot (`handlers.limits`): called once the stream is over, however it ends.
     """
-    first = await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE)
-    return Stream(_follow(db, tail, task_id, owner, first, after, still_allowed),
-                  status_code=200, media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        first = await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE)
+    except BaseException:
+        held()
+        raise
+    follow = _follow(db, tail, task_id, owner, first, after, still_allowed, held)
+    end_with(follow, held)
+    return Stream(follow, status_code=200, media_type="text/event-stream",
+                  headers=SSE_HEADERS)
 
 
 async def _follow(
+    db: Database, tail: LiveTail, task_id: str, owner: str | None, page: EventsPage, after: int,
+    still_allowed: StillAllowed, held: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in _frames(db, tail, task_id, owner, page, after, still_allowed):
+            yield chunk
+    finally:
+        held()
+
+
+async def _frames(
     db: Database, tail: LiveTail, task_id: str, owner: str | None, page: EventsPage, after: int,
     still_allowed: StillAllowed,
 ) -> AsyncIterator[bytes]:

@@ -17,11 +17,11 @@ from core.states import Status
 from core.store.tasks import CancelOutcome, cancel, list_tasks
 from handlers.answers import page
 from handlers.auth import ClientRequest, requires, token_still_valid
-from handlers.live import settled
 from handlers.params import Cursor, PageLimit, TaskId
 from handlers.services import Services
 from handlers.sse import LastEventId, Seq, event_stream, read_events_page, resume_point
 from handlers.threads import blocking, writing
+from handlers.waits import held_wait
 
 MAX_WAIT_SECONDS = 60
 MAX_EVENTS_PAGE = 1000
@@ -51,8 +51,8 @@ async def task_show(
                                      description="seconds to wait for the task to finish")] = 0,
 ) -> dict[str, Any]:
     """The task; with `?wait=S` the answer waits until it is finished or S seconds pass."""
-    return task_object(await settled(services.db, services.tail, task_id,
-                                     request.user.owner_filter, wait))
+    return task_object(await held_wait(services, request.user, task_id,
+                                       request.user.owner_filter, wait))
 
 
 @post("/v1/tasks/{task_id:str}/cancel", opt=requires("tasks:cancel"), tags=["tasks"])
@@ -82,7 +82,8 @@ async def task_events(
     if "text/event-stream" in request.headers.get("accept", ""):
         return await event_stream(services.db, services.tail, task_id, owner,
                                   resume_point(after, last_event_id),
-                                  token_still_valid(request))
+                                  token_still_valid(request),
+                                  held=services.limits.hold_stream(request.user))
     events = await blocking(read_events_page, services.db, task_id, owner, after, limit)
     return Response({"object": "list", "data": events.events,
                      "next_after": events.next_after(after)})

@@ -28,7 +28,7 @@ class TokenCache:
         self._db = db
         self._recheck = recheck_seconds
         self._entries: dict[str, tuple[Client, Revocations]] = {}
-        self._newest: Revocations = (-1, -1)
+        self._newest: Revocations = (-1, -1, -1)
         self._checked_at = float("-inf")
 
     async def client(self, token: str) -> Client:
@@ -50,7 +50,7 @@ class TokenCache:
         return client
 
     def forget(self) -> None:
-        """Drop every entry: this process has just revoked a client."""
+        """Drop every entry: this process has just revoked a client or changed limits."""
         self._entries.clear()
         self._checked_at = float("-inf")
 

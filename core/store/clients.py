@@ -22,17 +22,20 @@ from core.clients import (
     scope_set,
     scope_text,
 )
-from core.errors import NotFound, Unauthorized
+from core.errors import Forbidden, NotFound, Unauthorized
 from core.ids import hash_secret, new_secret, new_token, random_id, same_secret, sortable_id
+from core.quotas import LIMIT_NAMES, Limits
 from core.settings import Settings
 from core.store.database import Database
 from core.tables import clients, pairing_codes
 
 
 def create_pairing_code(
-    db: Database, *, scopes: frozenset[str], ttl_seconds: float, name: str | None = None
+    db: Database, *, scopes: frozenset[str], ttl_seconds: float, name: str | None = None,
+    limits: Limits = Limits(),
 ) -> IssuedCode:
-    """A one-time code that a new client redeems for a token within `ttl_seconds`."""
+    """A one-time code that a new client redeems for a token within `ttl_seconds`; the
+    client gets `limits`."""
     code_id = random_id("pc")
     secret = new_secret(16)
     with db.write() as conn:
@@ -40,7 +43,7 @@ def create_pairing_code(
         expires_at = now + int(ttl_seconds * 1000)
         conn.execute(insert(pairing_codes).values(
             id=code_id, secret_hash=hash_secret(secret), scopes=scope_text(scopes), name=name,
-            created_at=now, expires_at=expires_at, failures=0,
+            created_at=now, expires_at=expires_at, failures=0, **limits.columns(),
         ))
     return IssuedCode(f"{code_id}-{secret}", expires_at, scopes)
 
@@ -68,7 +71,7 @@ def redeem_pairing_code(db: Database, code: str, name: str | None = None) -> Iss
                 ).rowcount
                 if spent:
                     return _insert_client(conn, name or row.name or DEFAULT_CLIENT_NAME,
-                                          scope_set(row.scopes), now)
+                                          scope_set(row.scopes), now, _limits(row))
             elif row is not None:
                 conn.execute(update(pairing_codes).where(pairing_codes.c.id == code_id)
                              .values(failures=pairing_codes.c.failures + 1))
@@ -76,18 +79,21 @@ def redeem_pairing_code(db: Database, code: str, name: str | None = None) -> Iss
                        "the pairing code is unknown, expired, already used or burnt")
 
 
-def create_client(db: Database, *, name: str, scopes: frozenset[str]) -> IssuedToken:
+def create_client(db: Database, *, name: str, scopes: frozenset[str],
+                  limits: Limits = Limits()) -> IssuedToken:
     """A client created directly by an operator (`taskward pair --token`)."""
     with db.write() as conn:
-        return _insert_client(conn, name, scopes, db.clock.now_ms())
+        return _insert_client(conn, name, scopes, db.clock.now_ms(), limits)
 
 
-def _insert_client(conn: Connection, name: str, scopes: frozenset[str], now: int) -> IssuedToken:
+def _insert_client(
+    conn: Connection, name: str, scopes: frozenset[str], now: int, limits: Limits
+) -> IssuedToken:
     client_id = sortable_id("cli", now)
     token = new_token()
     conn.execute(insert(clients).values(
         id=client_id, name=name, token_hash=hash_secret(token), scopes=scope_text(scopes),
-        created_at=now, revoked_at=None,
+        created_at=now, revoked_at=None, **limits.columns(),
     ))
     return IssuedToken(client_id, token, scopes)
 
@@ -95,11 +101,12 @@ def _insert_client(conn: Connection, name: str, scopes: frozenset[str], now: int
 # Built once: authentication runs on every request, and building the statement anew
 # costs as much as executing it.
 _CLIENT_BY_TOKEN_HASH = select(
-    clients.c.id, clients.c.name, clients.c.scopes, clients.c.token_hash, clients.c.revoked_at
+    clients.c.id, clients.c.name, clients.c.scopes, clients.c.token_hash, clients.c.revoked_at,
+    *(clients.c[name] for name in LIMIT_NAMES),
 ).where(clients.c.token_hash == bindparam("token_hash"))
 
 
-Revocations = tuple[int, int]
+Revocations = tuple[int, int, int]
 
 
 def authenticate(db: Database, token: str) -> tuple[Client, Revocations]:
@@ -112,14 +119,20 @@ def authenticate(db: Database, token: str) -> tuple[Client, Revocations]:
         row = conn.execute(_CLIENT_BY_TOKEN_HASH, {"token_hash": hash_secret(token)}).first()
     if row is None or row.revoked_at is not None or not same_secret(token, row.token_hash):
         raise Unauthorized("invalid_token", "the bearer token is unknown or revoked")
-    return Client(row.id, row.name, scope_set(row.scopes)), marker
+    return Client(row.id, row.name, scope_set(row.scopes), _limits(row)), marker
+
+
+def _limits(row: Row[Any]) -> Limits:
+    return Limits(**{name: getattr(row, name) for name in LIMIT_NAMES})
 
 
 def revocations(db: Database) -> Revocations:
-    """A marker that grows whenever a client is revoked: (how many are, the latest time).
+    """A marker that grows whenever a client is revoked or its limits change: (how many
+    are revoked, the latest revocation, the latest change of limits).
 
     Processes that cache authenticated tokens re-read it to learn that their cache may
-    hold a revoked client; clients are never un-revoked, so it never goes back.
+    hold a revoked client or old limits; clients are never un-revoked and changes are
+    stamped with the clock, so it never goes back.
     """
     with db.read() as conn:
         return _revocations(conn)
@@ -127,11 +140,12 @@ def revocations(db: Database) -> Revocations:
 
 def _revocations(conn: Connection) -> Revocations:
     row = conn.execute(_REVOCATIONS).one()
-    return (row.revoked, row.latest or 0)
+    return (row.revoked, row.latest or 0, row.limits or 0)
 
 
 _REVOCATIONS = select(func.count(clients.c.revoked_at).label("revoked"),
-                      func.max(clients.c.revoked_at).label("latest"))
+                      func.max(clients.c.revoked_at).label("latest"),
+                      func.max(clients.c.limits_changed_at).label("limits"))
 
 
 def list_clients(db: Database) -> list[Row[Any]]:
@@ -150,6 +164,26 @@ def revoke(db: Database, client_id: str, *, by: Client | None = None) -> None:
         conn.execute(update(clients)
                      .where(clients.c.id == client_id, clients.c.revoked_at.is_(None))
                      .values(revoked_at=db.clock.now_ms()))
+
+
+def set_limits(
+    db: Database, client_id: str, changes: dict[str, Any], *, by_admin: bool = True
+) -> Row[Any]:
+    """Change some of a client's limits (None: back to the default); the client's row.
+    An `admin` client's limits change only `by_admin`: a `clients:admin` client must
+    not be able to throttle the admin out of its own service."""
+    unknown = set(changes) - set(LIMIT_NAMES)
+    if unknown:
+        raise ValueError(f"not a limit: {sorted(unknown)[0]}")
+    with db.write() as conn:
+        row = conn.execute(select(clients.c.scopes).where(clients.c.id == client_id)).first()
+        if row is None:
+            raise NotFound("client_not_found", "no such client")
+        if ADMIN in scope_set(row.scopes) and not by_admin:
+            raise Forbidden("admin_client", "only an admin may change an admin client")
+        conn.execute(update(clients).where(clients.c.id == client_id)
+                     .values(**changes, limits_changed_at=db.clock.now_ms()))
+        return conn.execute(select(clients).where(clients.c.id == client_id)).one()
 
 
 def first_start_admin_code(db: Database, settings: Settings) -> str | None:

@@ -21,6 +21,7 @@ from core.ids import sortable_id
 from core.objects import response_object
 from core.priorities import DEFAULT_PRIORITY
 from core.states import OnRestart, Status
+from core.store.active_quota import quota_exceeded, room
 from core.store.bulk import insert_rows
 from core.store.database import Database
 from core.store.line import places
@@ -43,6 +44,7 @@ class NewTask:
     schedule_id: str | None = None
     retry_of: str | None = None
     priority: int = DEFAULT_PRIORITY
+    max_active: int = 0  # the client's `max_active_tasks` (0: not checked)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,11 @@ class _DedupeHit(Exception):
     """An active task holds the dedupe key: roll back, then answer with that task."""
 
 
+class _OverQuota(Exception):
+    """The client has `max_active` tasks active: roll back; a replay or a dedupe hit
+    is still answered, anything else is refused."""
+
+
 def enqueue(
     db: Database,
     new: NewTask,
@@ -77,10 +84,14 @@ def enqueue(
     `idempotency_key_reused`); one with the active task's `dedupe_key` gets that task
     (`200`, nothing created). Both are decided by unique indexes, never by a prior read:
     the common path is five statements and one commit, and only a conflict reads.
+    A client at its `max_active` is refused (`quota_exceeded`, nothing stored), except
+    for a replay or a dedupe hit, which create nothing.
     """
     try:
         with db.write() as conn:
             now = db.clock.now_ms()
+            if new.max_active and room(conn, new.client_id, new.max_active) < 1:
+                raise _OverQuota
             created = insert_task(db, conn, new, now)
             if created is None:
                 raise _DedupeHit
@@ -90,7 +101,7 @@ def enqueue(
                 raise _KeyTaken
             db.announce_work(conn)
             return Enqueued(created.id, 202, body)
-    except (_KeyTaken, _DedupeHit, InvalidInput) as refusal:
+    except (_KeyTaken, _DedupeHit, _OverQuota, InvalidInput) as refusal:
         if idempotency is not None:
             stored = _stored_answer(db, new.client_id, idempotency)
             if stored is not None:
@@ -100,7 +111,13 @@ def enqueue(
                                idempotency_ttl_ms=idempotency_ttl_ms)
         if isinstance(refusal, InvalidInput):
             raise
-        return _dedupe_answer(db, new, idempotency, idempotency_ttl_ms)
+        held = _dedupe_holder(db, new) if new.dedupe_key is not None else None
+        if held is not None:
+            return held
+        if isinstance(refusal, _OverQuota):
+            raise quota_exceeded(new.max_active) from None
+        # The holder finished in between: the key is free again.
+        return enqueue(db, new, idempotency=idempotency, idempotency_ttl_ms=idempotency_ttl_ms)
 
 
 def enqueue_many(
@@ -115,7 +132,8 @@ def enqueue_many(
     and a handful of statements (`insert_tasks`, then one multi-row insert of the
     idempotency records) instead of five statements and an fsync each. A request that
     meets a conflict (a dedupe key or idempotency key already held, in the store or
-    earlier in the batch) comes back as None, with nothing of it stored; so does every
+    earlier in the batch) or would take its client over `max_active` comes back as
+    None, with nothing of it stored; so does every
     request of a batch that fails as a whole (an unknown model, a deadlock victim on
     PostgreSQL). The caller then runs `enqueue` for each None after the commit, so
     replays, dedupe hits and refusals keep their one code path.
@@ -141,7 +159,10 @@ def _insert_batch(
     now: int,
     ttl_ms: int,
 ) -> list[Enqueued | None]:
-    created = insert_tasks(db, conn, [new for new, _ in batch], now)
+    admitted = _admitted(conn, [new for new, _ in batch])
+    inserted = iter(insert_tasks(db, conn, [new for (new, _), ok in zip(batch, admitted)
+                                            if ok], now))
+    created = [next(inserted) if ok else None for ok in admitted]
     bodies = [_json_bytes(response_object(row, None)) if row else b"" for row in created]
     records = sorted(  # one lock order for every batch: no deadlock between two of them
         (_key_record(new, claim, row.id, body, now, ttl_ms)
@@ -159,9 +180,23 @@ def _insert_batch(
             else None for row, body in zip(created, bodies)]
 
 
-def _dedupe_answer(
-    db: Database, new: NewTask, idempotency: IdempotencyClaim | None, ttl_ms: int
-) -> Enqueued:
+def _admitted(conn: Connection, news: Sequence[NewTask]) -> list[bool]:
+    """Which requests of a batch fit their clients' `max_active`, first come first;
+    the others are left to `enqueue`, which answers a replay or refuses. Clients are
+    locked in one order, so two batches never deadlock."""
+    limits = {new.client_id: new.max_active for new in news if new.max_active}
+    left = {client: room(conn, client, limit) for client, limit in sorted(limits.items())}
+    admitted = []
+    for new in news:
+        fits = new.client_id not in left or left[new.client_id] > 0
+        if fits and new.client_id in left:
+            left[new.client_id] -= 1
+        admitted.append(fits)
+    return admitted
+
+
+def _dedupe_holder(db: Database, new: NewTask) -> Enqueued | None:
+    """The answer of the active task holding the request's dedupe key, if one does."""
     with db.read() as conn:
         holder = conn.execute(
             select(tasks.c.id).where(
@@ -170,11 +205,10 @@ def _dedupe_answer(
                 IS_ACTIVE,
             )
         ).scalar()
-        if holder is not None:
-            return Enqueued(holder, 200, _json_bytes(current_response(conn, holder)),
-                            dedupe_hit=True)
-    # The holder finished in between: the key is free again.
-    return enqueue(db, new, idempotency=idempotency, idempotency_ttl_ms=ttl_ms)
+        if holder is None:
+            return None
+        return Enqueued(holder, 200, _json_bytes(current_response(conn, holder)),
+                        dedupe_hit=True)
 
 
 _KNOWN_MODELS = select(models.c.id).where(models.c.id.in_(bindparam("models", expanding=True)))
@@ -260,6 +294,15 @@ def _record_keys(conn: Connection, records: Sequence[dict[str, Any]]) -> set[str
     return {row.task_id for row in insert_rows(conn, idempotency_keys, records,
                                                skip_conflicts=True,
                                                returning=[idempotency_keys.c.task_id])}
+
+
+def is_recorded(db: Database, client_id: str, key: str) -> bool:
+    """Whether an answer is stored under the client's idempotency key (expired or not:
+    `enqueue` decides what a stale one means)."""
+    with db.read() as conn:
+        return conn.execute(select(idempotency_keys.c.key).where(
+            idempotency_keys.c.client_id == client_id,
+            idempotency_keys.c.key == key)).first() is not None
 
 
 def _stored_answer(db: Database, client_id: str, claim: IdempotencyClaim) -> Enqueued | None:

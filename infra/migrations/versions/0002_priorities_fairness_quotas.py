@@ -2,7 +2,7 @@
 
 Tasks gain `priority` (0..9, lower first) and `vtime`, their place in the fair line
 (`core.store.line`); tasks queued before this revision have no place yet and are placed
-by the next claim. Clients gain their quota columns (NULL: the settings' default).
+by the next claim. Clients and pairing codes gain quota columns (NULL: the settings' default).
 
 Revision ID: 0002
 Revises: 0001
@@ -42,9 +42,16 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('requests_per_second', sa.Float(), nullable=True))
         batch_op.add_column(sa.Column('max_streams', sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column('limits_changed_at', sa.BigInteger(), nullable=True))
+    with op.batch_alter_table('pairing_codes', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('max_active_tasks', sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column('requests_per_second', sa.Float(), nullable=True))
+        batch_op.add_column(sa.Column('max_streams', sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('pairing_codes', schema=None) as batch_op:
+        for column in ('max_streams', 'requests_per_second', 'max_active_tasks'):
+            batch_op.drop_column(column)
     with op.batch_alter_table('clients', schema=None) as batch_op:
         for column in ('limits_changed_at', 'max_streams', 'requests_per_second',
                        'max_active_tasks'):

@@ -1,0 +1,47 @@
+"""Per-client limits: how much of the service one client may hold at once.
+
+Three limits, each stored on the client (NULL: the setting's default applies):
+- `max_active_tasks`: tasks queued or running at once. Exact across API processes and
+  machines: checked in the transaction that inserts the tasks, under the client's row
+  lock (`core.store.active_quota`). 0 = unlimited.
+- `requests_per_second`: a token bucket in each API process (N processes admit up to N
+  times the rate). 0 = unlimited.
+- `max_streams`: SSE streams and waits (`?wait=`, `background: false`) open at once in
+  one API process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from core.settings import Settings
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A client's own limits; None where the setting's default applies."""
+
+    max_active_tasks: int | None = None
+    requests_per_second: float | None = None
+    max_streams: int | None = None
+
+    def columns(self) -> dict[str, Any]:
+        """The client row's columns for these limits."""
+        return asdict(self)
+
+    def effective(self, settings: Settings) -> Limits:
+        """Every limit filled in: the client's own, else the setting's default."""
+        return Limits(
+            max_active_tasks=_or(self.max_active_tasks, settings.client_max_active_tasks),
+            requests_per_second=_or(self.requests_per_second,
+                                    settings.client_requests_per_second),
+            max_streams=_or(self.max_streams, settings.client_max_streams),
+        )
+
+
+def _or(own: Any, default: Any) -> Any:
+    return default if own is None else own
+
+
+LIMIT_NAMES = tuple(Limits.__dataclass_fields__)
