@@ -7,6 +7,7 @@ prints a table, or one JSON document with `--json`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -20,14 +21,29 @@ from core.models_registry import (
     register_upstream,
 )
 from core.objects import model_object, task_object
+from core.quotas import LIMIT_NAMES, Limits
 from core.states import Status
-from core.store.clients import create_client, create_pairing_code, list_clients, revoke
+from core.store.clients import create_client, create_pairing_code, list_clients, revoke, set_limits
 from core.store.models import list_models, remove
 from core.store.new_tasks import retry_failed
 from core.store.tasks import cancel, get_task, list_tasks
 from infra.cli.context import emit, store
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+
+
+def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`--max-active-tasks`, `--requests-per-second`, `--max-streams` (core.quotas)."""
+    for option in reversed((
+        click.option("--max-active-tasks", type=click.IntRange(0), default=None,
+                     help="Queued + running tasks at once (0 = unlimited)."),
+        click.option("--requests-per-second", type=click.FloatRange(0), default=None,
+                     help="Requests per second, per API process (0 = unlimited)."),
+        click.option("--max-streams", type=click.IntRange(1), default=None,
+                     help="SSE streams and waits at once, per API process."),
+    )):
+        command = option(command)
+    return command
 _TASK_COLUMNS = ("id", "status", "model", "client_id", "attempts", "created_at", "error")
 
 
@@ -38,19 +54,25 @@ _TASK_COLUMNS = ("id", "status", "model", "client_id", "attempts", "created_at",
 @click.option("--name", default=None, help="The client's name.")
 @click.option("--token", "direct", is_flag=True,
               help="Create the client now and print its token instead of a pairing code.")
+@_limit_options
 @_JSON
-def pair(admin: bool, scopes: str | None, name: str | None, direct: bool, as_json: bool) -> None:
-    """A one-time pairing code for a new client (`POST /v1/pair`), or a token at once."""
+def pair(admin: bool, scopes: str | None, name: str | None, direct: bool, as_json: bool,
+         max_active_tasks: int | None, requests_per_second: float | None,
+         max_streams: int | None) -> None:
+    """A one-time pairing code for a new client (`POST /v1/pair`), or a token at once.
+    Limits not given are the settings' defaults."""
+    limits = Limits(max_active_tasks, requests_per_second, max_streams)
     with store() as (settings, db):
         granted = frozenset({ADMIN}) if admin else (
             parse_scopes(scopes.split(",")) if scopes is not None else DEFAULT_SCOPES)
         if direct:
             issued = create_client(db, name=name or ("admin" if admin else DEFAULT_CLIENT_NAME),
-                                   scopes=granted)
+                                   scopes=granted, limits=limits)
             emit(issued.public(), as_json=as_json)
         else:
             code = create_pairing_code(db, scopes=granted, name=name,
-                                       ttl_seconds=settings.pairing_code_ttl_seconds)
+                                       ttl_seconds=settings.pairing_code_ttl_seconds,
+                                       limits=limits)
             emit(code.public(), as_json=as_json)
 
 
@@ -65,6 +87,24 @@ def clients_list(as_json: bool) -> None:
     with store() as (_, db):
         rows = [client_object(row) for row in list_clients(db)]
     emit(rows, as_json=as_json, columns=("id", "name", "scopes", "created_at", "revoked_at"))
+
+
+@clients.command("set")
+@click.argument("client_id")
+@_limit_options
+@click.option("--default", "defaults", multiple=True, type=click.Choice(LIMIT_NAMES),
+              help="Put this limit back to the setting's default (repeatable).")
+@_JSON
+def clients_set(client_id: str, max_active_tasks: int | None, requests_per_second: float | None,
+                max_streams: int | None, defaults: tuple[str, ...], as_json: bool) -> None:
+    """Change a client's limits; the API processes honour it within `poll_interval_ms`."""
+    given = {"max_active_tasks": max_active_tasks, "requests_per_second": requests_per_second,
+             "max_streams": max_streams}
+    changes = {key: value for key, value in given.items() if value is not None}
+    changes.update(dict.fromkeys(defaults))
+    with store() as (_, db):
+        row = set_limits(db, client_id, changes)
+    emit(client_object(row), as_json=as_json)
 
 
 @clients.command("revoke")

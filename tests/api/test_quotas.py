@@ -1,0 +1,164 @@
+"""Per-client limits over HTTP, on both stores: refused at exactly the limit with the
+headers OpenAI's SDKs read, nothing stored, replays and dedupe hits still answered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar.testing import TestClient
+from sqlalchemy import func, select
+
+from core.clients import Client, create_client
+from core.quotas import Limits
+from core.store.database import Database
+from core.tables import tasks
+from handlers.app import create_app
+from tests.api.helpers import Caller, caller, complete_due
+
+WORK = ("responses:create", "tasks:read", "tasks:cancel", "models:read")
+
+
+def _limited(db: Database, http: TestClient[Any], **limits: Any) -> Caller:
+    issued = create_client(db, name="limited", scopes=frozenset(WORK), limits=Limits(**limits))
+    return Caller(http, issued.token, issued.client_id)
+
+
+def _create(who: Caller, model: str, headers: dict[str, str] | None = None,
+            **body: Any) -> Any:
+    return who.post("/v1/responses", json={"model": model, "input": "words=1", **body},
+                    headers=headers)
+
+
+def _stored(db: Database, client_id: str) -> int:
+    with db.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(tasks)
+                                .where(tasks.c.client_id == client_id)).scalar_one())
+
+
+def _assert_limit_headers(answer: Any, limit: str) -> None:
+    assert answer.status_code == 429, answer.text
+    assert int(answer.headers["retry-after"]) >= 1
+    assert answer.headers["x-ratelimit-limit-requests"] == limit
+    assert answer.headers["x-ratelimit-remaining-requests"] == "0"
+    assert answer.headers["x-ratelimit-reset-requests"].endswith("s")
+    assert "x-should-retry" not in answer.headers  # the SDKs retry a 429 by themselves
+
+
+def test_max_active_tasks_refuses_at_exactly_the_limit_and_stores_nothing(
+    db: Database, http: TestClient[Any], model_id: str
+) -> None:
+    limited = _limited(db, http, max_active_tasks=3)
+    assert [_create(limited, model_id).status_code for _ in range(3)] == [202] * 3
+    refused = _create(limited, model_id)
+    _assert_limit_headers(refused, "3")
+    assert refused.json()["code"] == "quota_exceeded"
+    assert _stored(db, limited.id) == 3
+
+
+def test_a_finished_task_frees_its_place_for_the_next_request(
+    db: Database, http: TestClient[Any], model_id: str
+) -> None:
+    limited = _limited(db, http, max_active_tasks=1)
+    assert _create(limited, model_id).status_code == 202
+    assert _create(limited, model_id).status_code == 429
+    complete_due(db)
+    assert _create(limited, model_id).status_code == 202
+
+
+def test_a_replay_and_a_dedupe_hit_pass_a_full_quota(
+    db: Database, http: TestClient[Any], model_id: str
+) -> None:
+    limited = _limited(db, http, max_active_tasks=2)
+    first = _create(limited, model_id, {"Idempotency-Key": "k1"})
+    held = _create(limited, model_id, dedupe_key="nightly")
+    assert (first.status_code, held.status_code) == (202, 202)
+    replay = _create(limited, model_id, {"Idempotency-Key": "k1"})
+    assert replay.status_code == 202 and replay.headers["idempotent-replayed"] == "true"
+    assert replay.content == first.content
+    hit = _create(limited, model_id, dedupe_key="nightly")
+    assert hit.status_code == 200 and hit.headers["dedupe-hit"] == "true"
+    assert _create(limited, model_id, {"Idempotency-Key": "k2"}).status_code == 429
+    assert _stored(db, limited.id) == 2
+
+
+def test_the_request_rate_is_refused_beyond_the_bucket_with_the_headers(
+    db: Database, http: TestClient[Any], model_id: str
+) -> None:
+    limited = _limited(db, http, requests_per_second=1)
+    assert limited.get("/v1/tasks").status_code == 200
+    refused = limited.get("/v1/tasks")
+    _assert_limit_headers(refused, "1")
+    assert refused.json()["code"] == "rate_limited"
+    assert float(refused.headers["retry-after-ms"]) <= 1000
+
+
+def test_a_replay_passes_an_empty_rate_bucket(
+    db: Database, http: TestClient[Any], model_id: str
+) -> None:
+    limited = _limited(db, http, requests_per_second=0.5)
+    first = _create(limited, model_id, {"Idempotency-Key": "again"})
+    assert first.status_code == 202
+    assert _create(limited, model_id).status_code == 429  # nothing stored
+    replay = _create(limited, model_id, {"Idempotency-Key": "again"})
+    assert replay.status_code == 202 and replay.content == first.content
+    assert _stored(db, limited.id) == 1
+
+
+def test_streams_beyond_max_streams_are_refused_and_a_stream_refused_stores_nothing(
+    db: Database, http: TestClient[Any], model_id: str
+) -> None:
+    limited = _limited(db, http, max_streams=1)
+    task_id = _create(limited, model_id).json()["id"]
+    complete_due(db)
+    for _ in range(2):  # a finished stream gives its slot back
+        stream = limited.get(f"/v1/tasks/{task_id}/events",
+                             headers={"Accept": "text/event-stream"})
+        assert stream.status_code == 200 and "response.completed" in stream.text
+    holder = Client(limited.id, "limited", frozenset(WORK), Limits(max_streams=1))
+    end = http.app.state.services.limits.hold_stream(holder)  # one stream open elsewhere
+    try:
+        refused = limited.get(f"/v1/tasks/{task_id}/events",
+                              headers={"Accept": "text/event-stream"})
+        _assert_limit_headers(refused, "1")
+        assert refused.json()["code"] == "too_many_streams"
+        assert limited.get(f"/v1/tasks/{task_id}?wait=1").status_code == 429
+        assert _create(limited, model_id, stream=True).status_code == 429
+        assert _create(limited, model_id, background=False).status_code == 429
+        assert _stored(db, limited.id) == 1
+    finally:
+        end()
+    assert limited.get(f"/v1/tasks/{task_id}?wait=1").status_code == 200
+
+
+def test_limits_are_set_by_patch_and_shown_on_the_client(
+    db: Database, http: TestClient[Any], admin: Caller, alice: Caller, model_id: str
+) -> None:
+    changed = admin.patch(f"/v1/clients/{alice.id}", json={"max_active_tasks": 1})
+    assert changed.status_code == 200
+    assert changed.json()["max_active_tasks"] == 1 and changed.json()["max_streams"] is None
+    assert _create(alice, model_id).status_code == 202
+    assert _create(alice, model_id).status_code == 429
+    assert admin.patch(f"/v1/clients/{alice.id}",
+                       json={"max_active_tasks": None}).json()["max_active_tasks"] is None
+    assert _create(alice, model_id).status_code == 202
+    assert admin.patch(f"/v1/clients/{alice.id}", json={"max_streams": 0}).status_code == 422
+    assert admin.patch("/v1/clients/cli_nobody", json={"max_streams": 2}).status_code == 404
+    assert alice.patch(f"/v1/clients/{alice.id}", json={"max_streams": 2}).status_code == 403
+
+
+def test_a_pairing_code_carries_limits_to_the_client_it_makes(
+    db: Database, http: TestClient[Any], admin: Caller
+) -> None:
+    code = admin.post("/v1/pairing-codes", json={"max_active_tasks": 7,
+                                                 "requests_per_second": 2.5}).json()["code"]
+    paired = http.post("/v1/pair", json={"code": code}).json()
+    [shown] = [c for c in admin.get("/v1/clients").json()["data"]
+               if c["id"] == paired["client_id"]]
+    assert (shown["max_active_tasks"], shown["requests_per_second"]) == (7, 2.5)
+
+
+def test_the_settings_give_the_defaults(db: Database, settings: Any, model_id: str) -> None:
+    limited = settings.model_copy(update={"client_max_active_tasks": 1})
+    with TestClient(create_app(limited)) as http:
+        who = caller(db, http, *WORK)
+        assert [_create(who, model_id).status_code for _ in range(2)] == [202, 429]
