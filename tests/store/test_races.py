@@ -13,8 +13,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from core.clients import create_client
 from core.engines.base import Usage
-from core.errors import CancelRequested, Conflict
+from core.errors import CancelRequested, Conflict, TooManyRequests
 from core.idempotency import IdempotencyClaim
 from core.settings import Settings
 from core.store import claims, completion, new_tasks, tasks, worker_writes
@@ -157,3 +158,59 @@ def test_concurrent_enqueues_with_one_idempotency_key_create_one_task(
     assert json.loads(outcomes[0][1])["status"] == "queued"
     with db.read() as conn:
         assert conn.execute(select(func.count()).select_from(tasks_table)).scalar() == 1
+
+
+def test_four_processes_claim_every_attempt_once_across_priorities_and_many_clients(
+    db: Database, database_url: str, model_id: str
+) -> None:
+    news = [new_tasks.NewTask(client_id=f"client-{n % 50}", model=model_id,
+                              request_json="{}", priority=n % 10) for n in range(2000)]
+    with db.write() as conn:
+        ids = [row.id for row in new_tasks.insert_tasks(db, conn, news, db.clock.now_ms())]
+    taken = [pair for batch in _run([(_claim_and_finish, (database_url,))] * 4) for pair in batch]
+    assert sorted(task_id for task_id, _ in taken) == sorted(ids)
+    assert Counter(taken).most_common(1)[0][1] == 1
+    with db.read() as conn:
+        statuses = conn.execute(select(tasks_table.c.status, func.count())
+                                .group_by(tasks_table.c.status)).all()
+    assert dict(statuses) == {"completed": 2000}
+    for task_id in ids[::200]:
+        assert_log_sound(db, task_id)
+
+
+QUOTA = 25
+
+
+def _enqueue_at_the_edge(url: str, client_id: str, model: str, grouped: bool, start: Any,
+                         results: Any) -> None:
+    """40 requests at a client limited to QUOTA: one by one, or in group commits of 8."""
+    db = _open(url)
+    start.wait()
+    new = new_tasks.NewTask(client_id=client_id, model=model, request_json="{}",
+                            max_active=QUOTA)
+    created = 0
+    for _ in range(5 if grouped else 40):
+        if grouped:
+            created += sum(1 for answer in new_tasks.enqueue_many(db, [(new, None)] * 8)
+                           if answer is not None)
+            continue
+        try:
+            new_tasks.enqueue(db, new)
+            created += 1
+        except TooManyRequests:
+            pass
+    results.put(created)
+    db.dispose()
+
+
+def test_concurrent_enqueues_at_the_edge_of_max_active_tasks_never_overshoot(
+    db: Database, database_url: str, model_id: str
+) -> None:
+    client_id = create_client(db, name="edge", scopes=frozenset({"responses:create"})).client_id
+    jobs = [(_enqueue_at_the_edge, (database_url, client_id, model_id, grouped))
+            for grouped in (False, False, True, True)]
+    created = _run(jobs)
+    with db.read() as conn:
+        stored = conn.execute(select(func.count()).select_from(tasks_table)
+                              .where(tasks_table.c.client_id == client_id)).scalar()
+    assert sum(created) == stored == QUOTA
