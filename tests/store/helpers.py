@@ -55,9 +55,10 @@ def assert_log_sound(db: Database, task_id: str) -> None:
 
 
 def fill_line(db: Database, model: str, *, clients: int, per_client: int) -> None:
-    """`clients × per_client` queued tasks, in line as interleaved enqueues place them
-    (client k's j-th task in round j), written by one set-based INSERT: a volume set-up
-    for plans and benchmarks, not a way to create real tasks (no response rows)."""
+    """`clients × per_client` queued tasks with their response rows and first events,
+    in line as interleaved enqueues place them (client k's j-th task in round j),
+    written by three set-based INSERTs: a volume set-up for query plans and
+    `bench/fairness.py`, far faster than enqueueing 100,000 tasks one batch at a time."""
     total = clients * per_client
     with db.write() as conn:
         now = db.clock.now_ms()
@@ -67,6 +68,15 @@ def fill_line(db: Database, model: str, *, clients: int, per_client: int) -> Non
             "max_attempts, created_at, updated_at, run_at, last_seq, dead_lettered, metadata, "
             "request, priority, vtime) "
             "SELECT 'resp_fill' || (10000000 + i), 'client-' || (i % :clients), :model, "
-            "'queued', 'retry', 0, 3, :now, :now, :now, 1, 0, '{}', '{}', 5, i / :clients "
-            "FROM n"), {"last": total - 1, "clients": clients, "model": model, "now": now})
+            "'queued', 'retry', 0, 3, :now, :now, :now, 1, 0, '{}', :request, 5, "
+            "i / :clients FROM n"),
+            {"last": total - 1, "clients": clients, "model": model, "now": now,
+             "request": json.dumps({"model": model, "input": "words=1"})})
+        filled = "FROM tasks WHERE id LIKE 'resp_fill%'"
+        conn.execute(text("INSERT INTO responses (task_id, output_text, input_tokens, "
+                          f"output_tokens, updated_at) SELECT id, '', 0, 0, :now {filled}"),
+                     {"now": now})
+        conn.execute(text("INSERT INTO task_events (task_id, seq, type, created_at, data) "
+                          f"SELECT id, 1, 'response.created', :now, '{{}}' {filled}"),
+                     {"now": now})
         conn.execute(text("ANALYZE" if db.is_sqlite else "ANALYZE tasks"))
