@@ -118,8 +118,9 @@ def bench_store(kind: str, workdir: Path, queued: int, total: int, rounds: int) 
             fill_line(db, MODEL, clients=clients, per_client=queued // clients)
         latencies: list[list[float]] = [[] for _ in SCENARIOS]
         spent = [[0, 0.0] for _ in SCENARIOS]
-        for _ in range(rounds):
-            for index, (db, (_, _, claim_kind)) in enumerate(zip(dbs, SCENARIOS)):
+        for turn in range(rounds):
+            for index in _rotated(range(len(SCENARIOS)), turn):  # no one always goes first
+                db, (_, _, claim_kind) = dbs[index], SCENARIOS[index]
                 with claim_kind():
                     done, seconds = drain(db, total // rounds, latencies[index])
                 spent[index][0] += done
@@ -130,11 +131,16 @@ def bench_store(kind: str, workdir: Path, queued: int, total: int, rounds: int) 
                   f"{done / seconds:,.0f} |", flush=True)
 
 
+def _rotated(items: range, by: int) -> list[int]:
+    shift = by % len(items)
+    return [*items[shift:], *items[:shift]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--queued", type=int, default=100_000)
     parser.add_argument("--drain", type=int, default=3_000, help="tasks per scenario")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--stores", default="sqlite,postgresql")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()}")
