@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from infra.db import create_db_engine
 from sqlalchemy import bindparam
 
 from core.engines.base import Usage
@@ -38,7 +39,6 @@ from core.store import claims
 from core.store.completion import Completion, complete_all
 from core.store.database import Database
 from core.tables import IS_QUEUED, tasks
-from infra.db import create_db_engine
 from infra.migrate import upgrade
 from tests.databases import private_pg_database
 from tests.store.helpers import fill_line

@@ -63,7 +63,7 @@ class ResponseRequest(StrictBody):
     background: bool = True
     stream: bool = False
     priority: int | None = Field(default=None, ge=HIGHEST_PRIORITY, le=LOWEST_PRIORITY,
-                                 description="0..9, lower runs first (default 5)")
+                                 strict=True, description="0..9, lower runs first (default 5)")
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
         default=None, description="OpenAI's name for a priority: priority 1, "
         "default/auto 5, flex 8")

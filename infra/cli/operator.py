@@ -21,6 +21,7 @@ from core.models_registry import (
     register_upstream,
 )
 from core.objects import model_object, task_object
+from core.priorities import HIGHEST_PRIORITY, LOWEST_PRIORITY
 from core.quotas import LIMIT_NAMES, Limits
 from core.states import Status
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke, set_limits
@@ -44,7 +45,8 @@ def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
     )):
         command = option(command)
     return command
-_TASK_COLUMNS = ("id", "status", "model", "client_id", "attempts", "created_at", "error")
+_TASK_COLUMNS = ("id", "status", "priority", "model", "client_id", "attempts", "created_at",
+                 "error")
 
 
 @click.command()
@@ -186,11 +188,13 @@ def tasks() -> None:
 
 @tasks.command("list")
 @click.option("--status", type=click.Choice([s.value for s in Status]), default=None)
+@click.option("--priority", type=click.IntRange(HIGHEST_PRIORITY, LOWEST_PRIORITY), default=None)
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 @_JSON
-def tasks_list(status: str | None, limit: int, as_json: bool) -> None:
+def tasks_list(status: str | None, priority: int | None, limit: int, as_json: bool) -> None:
     with store() as (_, db):
-        rows, _ = list_tasks(db, None, status=Status(status) if status else None, limit=limit)
+        rows, _ = list_tasks(db, None, status=Status(status) if status else None,
+                             priority=priority, limit=limit)
     emit([task_object(row) for row in rows], as_json=as_json, columns=_TASK_COLUMNS)
 
 

@@ -112,3 +112,21 @@ def test_tasks_list_survives_a_time_beyond_the_calendar(
                                   run_at=2**62)).task_id
     listed = run("tasks", "list", "--json")
     assert [t["run_at"] for t in listed if t["id"] == task_id] == ["9999-12-31T23:59:59.999Z"]
+
+
+def test_pair_and_clients_set_give_a_client_its_limits(run: Any) -> None:
+    issued = run("pair", "--token", "--max-active-tasks", "4", "--max-streams", "2", "--json")
+    [shown] = [c for c in run("clients", "list", "--json") if c["id"] == issued["client_id"]]
+    assert (shown["max_active_tasks"], shown["max_streams"]) == (4, 2)
+    changed = run("clients", "set", issued["client_id"], "--requests-per-second", "3",
+                  "--default", "max_streams", "--json")
+    assert (changed["max_active_tasks"], changed["requests_per_second"],
+            changed["max_streams"]) == (4, 3.0, None)
+
+
+def test_tasks_list_filters_by_priority(run: Any, db: Database, settings: Settings) -> None:
+    model = register_test_model(db, settings.models_dir)
+    urgent = enqueue(db, NewTask(client_id="c", model=model, request_json="{}",
+                                 priority=0)).task_id
+    enqueue(db, NewTask(client_id="c", model=model, request_json="{}"))
+    assert [t["id"] for t in run("tasks", "list", "--priority", "0", "--json")] == [urgent]
