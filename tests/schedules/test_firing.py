@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from core import schedule_firing
 from core.clock import iso
@@ -401,3 +401,12 @@ def test_a_cap_lowered_after_the_schedule_was_accepted_holds_its_tasks_to_the_ne
     assert fire_at("2024-03-01T01:00:30Z", db, lowered) == 1
     with db.read() as conn:
         assert conn.execute(tasks.select()).one().max_attempts == 5
+
+
+def test_a_schedules_task_takes_the_priority_of_its_request(
+    db: Database, settings: Settings, model_id: str
+) -> None:
+    create_at("2026-12-01T08:00:30", db, settings, model_id, "* * * * *", service_tier="flex")
+    assert fire_at("2026-12-01T08:01:30", db, settings) == 1
+    with db.read() as conn:
+        assert conn.execute(select(tasks.c.priority)).scalars().all() == [8]
