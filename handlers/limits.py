@@ -81,9 +81,6 @@ class ClientLimits:
                 self._streams.pop(client.id, None)
         return end
 
-    def streams_of(self, client_id: str) -> int:
-        return self._streams.get(client_id, 0)
-
 
 def end_with(owner: object, end: Callable[[], None]) -> None:
     """Make sure `end` runs once `owner` (a stream's iterator) is gone, even if it was
