@@ -37,6 +37,7 @@ from core.models_registry import register
 from core.settings import Settings
 from core.store import claims
 from core.store.completion import Completion, complete_all
+from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.line import place_due
 from core.tables import IS_QUEUED, tasks

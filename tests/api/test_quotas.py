@@ -8,11 +8,12 @@ from typing import Any
 from litestar.testing import TestClient
 from sqlalchemy import func, select
 
-from core.clients import Client, create_client
+from core.clients import Client
 from core.quotas import Limits
+from core.store.clients import create_client
 from core.store.database import Database
 from core.tables import tasks
-from handlers.app import create_app
+from infra.app import serving_app
 from tests.api.helpers import Caller, caller, complete_due
 
 WORK = ("responses:create", "tasks:read", "tasks:cancel", "models:read")
@@ -159,6 +160,6 @@ def test_a_pairing_code_carries_limits_to_the_client_it_makes(
 
 def test_the_settings_give_the_defaults(db: Database, settings: Any, model_id: str) -> None:
     limited = settings.model_copy(update={"client_max_active_tasks": 1})
-    with TestClient(create_app(limited)) as http:
+    with TestClient(serving_app(limited)) as http:
         who = caller(db, http, *WORK)
         assert [_create(who, model_id).status_code for _ in range(2)] == [202, 429]

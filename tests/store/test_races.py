@@ -13,12 +13,12 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from core.clients import create_client
 from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict, TooManyRequests
 from core.idempotency import IdempotencyClaim
 from core.settings import Settings
 from core.store import claims, completion, new_tasks, tasks, worker_writes
+from core.store.clients import create_client
 from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.tables import task_events
