@@ -119,13 +119,13 @@ def bench_store(kind: str, workdir: Path, queued: int, total: int, rounds: int) 
         for db, (_, clients, _) in zip(dbs, SCENARIOS):
             fill_line(db, MODEL, clients=clients, per_client=queued // clients)
         latencies: list[list[float]] = [[] for _ in SCENARIOS]
-        spent = [[0, 0.0] for _ in SCENARIOS]
+        spent: list[list[float]] = [[0, 0.0] for _ in SCENARIOS]
         for turn in range(rounds):
             for index in _rotated(range(len(SCENARIOS)), turn):  # no one always goes first
                 db, (_, _, claim_kind) = dbs[index], SCENARIOS[index]
                 with claim_kind():
-                    done, seconds = drain(db, total // rounds, latencies[index])
-                spent[index][0] += done
+                    drained, seconds = drain(db, total // rounds, latencies[index])
+                spent[index][0] += drained
                 spent[index][1] += seconds
         for (name, _, _), seen, (done, seconds) in zip(SCENARIOS, latencies, spent):
             cuts = statistics.quantiles(seen, n=100)

@@ -89,7 +89,7 @@ async def _is_replay(connection: ASGIConnection, client: Client, db: Database) -
     """A request that repeats an answered Idempotency-Key: never refused by a limit, as
     it creates nothing. Asked only of a request the rate limit would refuse."""
     key = connection.headers.get("idempotency-key")
-    if key is None or connection.scope["method"] != "POST":
+    if key is None or connection.scope.get("method") != "POST":
         return False
     try:
         parsed = parse_key(key)

@@ -100,9 +100,11 @@ def clients_list(as_json: bool) -> None:
 def clients_set(client_id: str, max_active_tasks: int | None, requests_per_second: float | None,
                 max_streams: int | None, defaults: tuple[str, ...], as_json: bool) -> None:
     """Change a client's limits; the API processes honour it within `poll_interval_ms`."""
-    given = {"max_active_tasks": max_active_tasks, "requests_per_second": requests_per_second,
-             "max_streams": max_streams}
-    changes = {key: value for key, value in given.items() if value is not None}
+    given: dict[str, float | None] = {"max_active_tasks": max_active_tasks,
+                                      "requests_per_second": requests_per_second,
+                                      "max_streams": max_streams}
+    changes: dict[str, float | None] = {key: value for key, value in given.items()
+                                        if value is not None}
     changes.update(dict.fromkeys(defaults))
     with store() as (_, db):
         row = set_limits(db, client_id, changes)

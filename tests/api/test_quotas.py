@@ -163,3 +163,12 @@ def test_the_settings_give_the_defaults(db: Database, settings: Any, model_id: s
     with TestClient(serving_app(limited)) as http:
         who = caller(db, http, *WORK)
         assert [_create(who, model_id).status_code for _ in range(2)] == [202, 429]
+
+
+def test_only_an_admin_may_limit_an_admin_client(
+    db: Database, http: TestClient[Any], admin: Caller
+) -> None:
+    manager = caller(db, http, "clients:admin")
+    refused = manager.patch(f"/v1/clients/{admin.id}", json={"requests_per_second": 0.1})
+    assert refused.status_code == 403 and refused.json()["code"] == "admin_client"
+    assert admin.patch(f"/v1/clients/{manager.id}", json={"max_streams": 3}).status_code == 200

@@ -164,17 +164,18 @@ def test_four_processes_claim_every_attempt_once_across_priorities_and_many_clie
     db: Database, database_url: str, model_id: str
 ) -> None:
     news = [new_tasks.NewTask(client_id=f"client-{n % 50}", model=model_id,
-                              request_json="{}", priority=n % 10) for n in range(2000)]
+                              request_json="{}", priority=n % 10) for n in range(1000)]
     with db.write() as conn:
-        ids = [row.id for row in new_tasks.insert_tasks(db, conn, news, db.clock.now_ms())]
+        ids = [row.id for row in new_tasks.insert_tasks(db, conn, news, db.clock.now_ms())
+               if row is not None]
     taken = [pair for batch in _run([(_claim_and_finish, (database_url,))] * 4) for pair in batch]
     assert sorted(task_id for task_id, _ in taken) == sorted(ids)
     assert Counter(taken).most_common(1)[0][1] == 1
     with db.read() as conn:
         statuses = conn.execute(select(tasks_table.c.status, func.count())
                                 .group_by(tasks_table.c.status)).all()
-    assert dict(statuses) == {"completed": 2000}
-    for task_id in ids[::200]:
+    assert dict(statuses) == {"completed": 1000}
+    for task_id in ids[::100]:
         assert_log_sound(db, task_id)
 
 
