@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from infra.db import create_db_engine
 from sqlalchemy import bindparam
 
 from core.engines.base import Usage
