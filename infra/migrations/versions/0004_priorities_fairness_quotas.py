@@ -4,8 +4,8 @@ Tasks gain `priority` (0..9, lower first) and `vtime`, their place in the fair l
 (`core.store.line`); tasks queued before this revision have no place yet and are placed
 by the next claim. Clients and pairing codes gain quota columns (NULL: the settings' default).
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0003'
-down_revision = '0002'
+revision = '0004'
+down_revision = '0003'
 branch_labels = None
 depends_on = None
 
