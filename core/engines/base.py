@@ -12,7 +12,8 @@ dropping text. A snapshot is a JSON-serialisable dict opaque to everyone but its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,7 +37,9 @@ class Usage:
 class GenerationRequest:
     """What an engine needs from a stored `POST /v1/responses` body.
 
-    `messages` already holds `instructions` as a leading system message.
+    `messages` already holds `instructions` as a leading system message. A sampling
+    field left None is the model entry's default (`core.engines.sampling`), else the
+    engine's own; `temperature` 0 means greedy decoding.
     """
 
     messages: list[dict[str, str]]
@@ -44,6 +47,8 @@ class GenerationRequest:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    top_k: int | None = None
+    repeat_penalty: float | None = None
 
 
 @dataclass(frozen=True)
@@ -57,11 +62,16 @@ class Chunk:
 
 @dataclass(frozen=True)
 class ModelFile:
-    """A verified model file: the worker checks the digest before handing it over."""
+    """A verified model file: the worker checks the digest before handing it over.
+
+    `metadata` is the registry entry's, where sampling defaults live; engines cache
+    loaded models by `sha256` alone, so two entries of one file share a loaded model.
+    """
 
     model_id: str
     path: Path
     sha256: str
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,12 +132,27 @@ class Engine(Protocol):
         ...
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), not the machine's count."""
+    return len(os.sched_getaffinity(0))
+
+
 @dataclass(frozen=True)
 class EngineOptions:
-    """Process-wide engine knobs, taken from Settings by whoever builds engines."""
+    """Process-wide engine knobs, taken from Settings by whoever builds engines.
 
-    threads: int = 2
+    `threads` is what one loaded model's decode loop computes with, however many
+    attempts it serves; `sequences` is how many attempts one loop decodes at once
+    (the worker's slots); `context_tokens` is the KV cache one loop shares among them
+    (at most the model's training context); `host_lock` is a file that every taskward
+    process naming it locks around each compute step (None: no such lock).
+    """
+
+    threads: int = field(default_factory=usable_cores)
     cache_size: int = 2
+    sequences: int = 8
+    context_tokens: int = 8192
+    host_lock: Path | None = None
     upstream_allowed_hosts: tuple[str, ...] = ()  # host patterns; empty: any host
     upstream_cooldown_seconds: float = 10.0
     upstream_concurrency: int = 64  # the HTTP pool's connections to all upstreams

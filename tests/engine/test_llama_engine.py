@@ -15,7 +15,8 @@ import pytest
 from cyllama.llama import llama_cpp
 
 from core.engines.base import Chunk, EngineError, EngineOptions, GenerationRequest, ModelFile
-from core.engines.llama import LlamaEngine, LlamaLoadedModel, _Utf8Pieces
+from core.engines.llama import LlamaEngine, LlamaLoadedModel
+from core.engines.llama_text import Utf8Pieces
 from core.engines.registry import engine_named
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,7 +218,7 @@ def test_text_pieces_never_split_a_multibyte_character(default_model_file: Model
     vocab_model = llama_cpp.LlamaModel(str(default_model_file.path), llama_cpp.LlamaModelParams())
     vocab = vocab_model.get_vocab()  # borrowed: valid while vocab_model lives
     sample = "héllo → 日本語 😀 ok"
-    pieces = _Utf8Pieces(vocab)
+    pieces = Utf8Pieces(vocab)
 
     emitted = [pieces.push(token) for token in vocab.tokenize(sample, False, False)]
 

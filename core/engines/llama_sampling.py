@@ -1,0 +1,67 @@
+"""Per-token sampler chains for the llama.cpp engine, rebuilt from (seed, position).
+
+Every sampled token gets its own RNG seed derived from (seed, output position), so the
+draw at position k depends neither on how many draws this process made nor on which
+other sequences share the batch: a resumed sequence draws exactly what an
+uninterrupted one would have drawn from the same logits. The repetition penalty looks
+at the last tokens of the sequence itself, which a resume rebuilds from its snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from cyllama.llama import llama_cpp
+
+from core.engines.base import GenerationRequest
+
+_RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp reads it as "pick any seed"
+PENALTY_LAST_N = 64  # llama.cpp's default window for the repetition penalty
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy when temperature is 0 or unset; otherwise penalties, top-k, top-p,
+    temperature, then a seeded draw (llama.cpp's own order)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repeat_penalty: float | None = None
+    seed: int | None = None
+
+    @classmethod
+    def of(cls, request: GenerationRequest, seed: int | None) -> Sampling:
+        return cls(request.temperature, request.top_p, request.top_k, request.repeat_penalty,
+                   seed)
+
+    @property
+    def greedy(self) -> bool:
+        return not self.temperature
+
+    def sampler_at(self, position: int, history: list[int]) -> llama_cpp.LlamaSampler:
+        """The chain for output `position`; `history` is the sequence so far."""
+        params = llama_cpp.LlamaSamplerChainParams()
+        params.no_perf = True
+        chain = llama_cpp.LlamaSampler(params)
+        if self.repeat_penalty is not None and self.repeat_penalty != 1.0:
+            chain.add_penalties(PENALTY_LAST_N, self.repeat_penalty, 0.0, 0.0)
+            for token in history[-PENALTY_LAST_N:]:
+                chain.accept(token)
+        if self.greedy:
+            chain.add_greedy()
+            return chain
+        if self.top_k:
+            chain.add_top_k(self.top_k)
+        if self.top_p is not None and self.top_p < 1.0:
+            chain.add_top_p(self.top_p, 1)
+        chain.add_temp(self.temperature)
+        chain.add_dist(position_seed(self.seed, position))
+        return chain
+
+
+def position_seed(seed: int | None, position: int) -> int:
+    """A 32-bit seed for one output position, never llama.cpp's "random" value."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") % _RANDOM_SEED

@@ -1,0 +1,55 @@
+"""Sampling defaults that a model entry carries in its `metadata` (docs/operations.md).
+
+A request that leaves a sampling field unset gets the entry's value, so a model is
+registered once with the values its authors recommend and every client benefits; a
+field the request sets always wins. The values are strings (entry metadata is string
+pairs) and are checked when the entry is registered, so a task never meets a bad one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+from core.engines.base import GenerationRequest
+
+# metadata key -> (lowest, highest, whether the lowest itself is allowed)
+_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "temperature": (0.0, 2.0, True),
+    "top_p": (0.0, 1.0, False),
+    "top_k": (0.0, 1000.0, True),
+    "repeat_penalty": (0.0, 10.0, False),
+}
+SAMPLING_KEYS = tuple(_BOUNDS)
+
+
+def sampling_metadata_error(metadata: Mapping[str, str]) -> str | None:
+    """Why the sampling keys of an entry's metadata are unusable, or None."""
+    for key, (low, high, low_ok) in _BOUNDS.items():
+        if key not in metadata:
+            continue
+        try:
+            value = float(metadata[key])
+        except ValueError:
+            return f"metadata.{key} must be a number"
+        in_range = (value >= low if low_ok else value > low) and value <= high
+        if not math.isfinite(value) or not in_range:
+            return f"metadata.{key} must be in {'[' if low_ok else '('}{low:g}, {high:g}]"
+        if key == "top_k" and not value.is_integer():
+            return "metadata.top_k must be a whole number"
+    return None
+
+
+def with_model_defaults(
+    request: GenerationRequest, metadata: Mapping[str, str]
+) -> GenerationRequest:
+    """`request` with every unset sampling field taken from the entry's metadata."""
+    if sampling_metadata_error(metadata) is not None:
+        return request  # registered before the check existed: the request stands as sent
+    changes: dict[str, float | int] = {}
+    for key in SAMPLING_KEYS:
+        if getattr(request, key) is None and key in metadata:
+            value = float(metadata[key])
+            changes[key] = int(value) if key == "top_k" else value
+    return dataclasses.replace(request, **changes) if changes else request
