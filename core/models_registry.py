@@ -20,6 +20,7 @@ from sqlalchemy import Row
 
 from core.engines.base import EngineError, ModelFile, ModelSource, UpstreamModel
 from core.engines.registry import is_known_engine
+from core.engines.sampling import sampling_metadata_error
 from core.engines.upstream.hosts import UrlRefused, check_allowed, normalized_base_url
 from core.errors import InvalidInput
 from core.model_files import file_digest, resolve_inside
@@ -56,6 +57,8 @@ def register(
         raise InvalidInput("upstream_required",
                            f"the {UPSTREAM_ENGINE} engine needs an upstream object, not a file",
                            extra={"field": "engine"})
+    if (problem := sampling_metadata_error(metadata or {})) is not None:
+        raise InvalidInput("invalid_model_metadata", problem, extra={"field": "metadata"})
     real = resolve_inside(models_dir, path)
     model_id = _checked_id(model_id or real.stem)
     if not is_known_engine(engine):
@@ -171,4 +174,5 @@ def verified_model_file(
         raise EngineError("model_digest_mismatch",
                           "the model file's content no longer matches its registered digest",
                           retryable=False)
-    return row.engine, ModelFile(model_id=row.id, path=real, sha256=row.sha256)
+    return row.engine, ModelFile(model_id=row.id, path=real, sha256=row.sha256,
+                                 metadata=json.loads(row.metadata_json or "{}"))

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from litestar import Litestar
 
 from core.engines.registry import import_engine_modules
-from core.model_files import DEFAULT_ENGINE, DEFAULT_MODEL_ID, install_default_model
+from core.model_files import (
+    DEFAULT_ENGINE,
+    DEFAULT_MODEL_ID,
+    DEFAULT_MODEL_METADATA,
+    install_default_model,
+)
 from core.models_registry import register
 from core.settings import Settings, load_settings
 from core.store.clients import first_start_admin_code
@@ -63,7 +68,8 @@ def _register_default_model(db: Database, settings: Settings) -> str | None:
     if list_models(db):
         return None
     path = install_default_model(settings.models_dir)
-    register(db, settings.models_dir, path, model_id=DEFAULT_MODEL_ID, engine=DEFAULT_ENGINE)
+    register(db, settings.models_dir, path, model_id=DEFAULT_MODEL_ID, engine=DEFAULT_ENGINE,
+             metadata=DEFAULT_MODEL_METADATA)
     return DEFAULT_MODEL_ID
 
 

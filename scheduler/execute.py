@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from core.engines.base import (
@@ -28,6 +29,7 @@ from core.engines.base import (
     ModelSource,
 )
 from core.engines.registry import engine_named
+from core.engines.sampling import with_model_defaults
 from core.errors import CancelRequested, DomainError, LeaseLost
 from core.models_registry import verified_model_file
 from core.requests import generation_request
@@ -110,6 +112,7 @@ def _execute(
         return _engine_failed(db, settings, attempt, exc)
     except DomainError as exc:  # unknown_engine: the registry names an engine we lack
         return _fail(db, attempt, exc.code, exc.message)
+    request = with_model_defaults(request, model_file.metadata)
     snapshot = json.loads(claim.snapshot_json) if claim.snapshot_json else None
     attempt.engine_thread = threading.Thread(
         target=_produce, args=(engine, model_file, request, snapshot, attempt),
@@ -119,7 +122,12 @@ def _execute(
 
 
 def engine_options(settings: Settings) -> EngineOptions:
+    """The process's engine knobs: one decode loop serves up to all the worker's slots."""
     return EngineOptions(threads=settings.engine_threads, cache_size=settings.model_cache_size,
+                         sequences=settings.worker_concurrency,
+                         context_tokens=settings.engine_context_tokens,
+                         host_lock=Path(settings.engine_host_lock) if settings.engine_host_lock
+                         else None,
                          upstream_allowed_hosts=settings.upstream_host_patterns,
                          upstream_cooldown_seconds=settings.upstream_cooldown_seconds,
                          upstream_concurrency=settings.upstream_concurrency)

@@ -49,8 +49,13 @@ def interrupted_after(model: LlamaLoadedModel, request: GenerationRequest, k: in
     return received
 
 
-def continue_in_new_process(request: GenerationRequest, snapshot: dict) -> str:
-    job = {"request": dataclasses.asdict(request), "snapshot": snapshot}
+def continue_in_new_process(
+    request: GenerationRequest, snapshot: dict, beside: list[dict] | None = None
+) -> str:
+    """The text a fresh process generates resuming `snapshot`, with the `beside`
+    requests already running in its decode loop."""
+    job = {"request": dataclasses.asdict(request), "snapshot": snapshot,
+           "beside": beside or []}
     child = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("resume_child.py"))],
         input=json.dumps(job),
