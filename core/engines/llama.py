@@ -104,7 +104,7 @@ class LlamaLoadedModel:
     threads at once, and the calls share the loop's batches."""
 
     def __init__(self, llama_model: llama_cpp.LlamaModel, options: EngineOptions) -> None:
-        self._model = llama_model
+        self.llama_model = llama_model
         self._vocab = llama_model.get_vocab()
         self.context_tokens = min(llama_model.n_ctx_train, options.context_tokens)
         shape = LoopShape(threads=options.threads,
@@ -126,7 +126,7 @@ class LlamaLoadedModel:
         tokens which render as nothing. `should_stop` is polled by the loop before every
         step, so a stop takes effect within one step.
         """
-        prompt = self._prompt_tokens(request.messages)
+        prompt = self.prompt_tokens(request.messages)
         tokens, seed = self._resume_point(snapshot, request)
         limit = request.max_output_tokens
         if limit is None:
@@ -147,9 +147,10 @@ class LlamaLoadedModel:
         finally:
             sequence.abandoned.set()  # a consumer that stops reading frees its slot
 
-    def _prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        """The messages as the model's chat template renders them, in token ids."""
         try:
-            prompt = _apply_template(self._model, messages)
+            prompt = _apply_template(self.llama_model, messages)
         except (RuntimeError, KeyError, TypeError) as exc:
             raise EngineError(
                 "invalid_messages",
