@@ -45,6 +45,8 @@ def test_run_on_an_empty_directory_registers_the_packaged_default_model(
     assert entry["sha256"] == sha256_of(source)
     assert entry["size_bytes"] == source.stat().st_size
     assert sha256_of(service.models_dir / entry["path"]) == entry["sha256"]
+    # The model card's sampling, so a request that sets none does not loop (greedy).
+    assert entry["metadata"] == {"temperature": "0.2", "top_p": "0.9", "repeat_penalty": "1.1"}
 
 
 def test_a_request_completes_end_to_end_with_a_sound_event_log(
