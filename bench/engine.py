@@ -1,133 +1,224 @@
-"""Bare-engine figures for the default model: load time, RSS, greedy tokens/s, resume cost.
+"""The llama.cpp engine against this machine's ceiling, in one run.
 
-Run from the repository root: `.venv/bin/python -m bench.engine [--threads N]`.
-The peer is the same llama.cpp token loop written directly against `cyllama` (one
-greedy sampler, no snapshots, no UTF-8 assembly), so the difference is what the
-engine's per-token bookkeeping costs.
+Run from the repository root: `.venv/bin/python -m bench.engine` (options: `--tokens`,
+`--sequences 1,2,4,8`, `--threads`, `--seconds` per contention case, `--skip`).
+
+- Ceiling: a bare batched greedy loop written here directly against `cyllama` (one
+  context, N sequences, one `llama_decode` per token for all of them, no snapshots, no
+  text assembly): what this build can do on these cores.
+- Engine: N concurrent `generate` calls on one loaded model, each on its own thread as
+  the worker runs them; they share the model's decode loop.
+- Two processes: two child processes decoding one sequence each at the same time, for
+  `--seconds`, beside one child alone; each reports tokens/s, CPU seconds per token and
+  involuntary context switches. Cases: libgomp's spinning threads without the host
+  lock (the engine before), one thread each, passive threads (the default,
+  `core/engines/llama_native.py`) without and with the host lock (the default).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import resource
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from cyllama.llama import llama_cpp
-
-from core.engines.base import EngineOptions, GenerationRequest, ModelFile
-from core.engines.llama import LlamaEngine, LlamaLoadedModel
+from core.engines.base import EngineOptions, GenerationRequest, ModelFile, usable_cores
+from core.engines.llama import LlamaEngine, LlamaLoadedModel, _apply_template
+from core.engines.llama_native import llama_cpp
 from core.model_files import DEFAULT_MODEL_ID, default_model_source, sha256_of
 
-MESSAGES = [
-    {"role": "system", "content": "You are a storyteller."},
-    {"role": "user", "content": "Tell a long story about a lighthouse keeper."},
+PROMPTS = [
+    "Tell a long story about a lighthouse keeper.",
+    "Describe the city of Paris in spring.",
+    "Write a poem about the rain in autumn.",
+    "Explain how bread is baked.",
+    "Tell a long story about a dragon who loves books.",
+    "Describe a walk through a forest at dawn.",
+    "Write a letter to a friend about a journey by train.",
+    "Explain why the sky is blue.",
 ]
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def rss_mib() -> tuple[float, float]:
-    """Current and peak resident set size in MiB (Linux)."""
-    status = Path("/proc/self/status").read_text()
-    current_kib = next(
-        int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")
-    )
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return current_kib / 1024, peak_kib / 1024
+def messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
 
 
-def engine_run(model: LlamaLoadedModel, request: GenerationRequest) -> tuple[float, float, int]:
-    """Seconds to the first chunk, seconds in total, generated tokens."""
-    start = time.perf_counter()
-    first = None
-    last = None
-    for chunk in model.generate(request, None, lambda: False):
-        first = first or time.perf_counter()
-        last = chunk
-    assert first is not None and last is not None
-    return first - start, time.perf_counter() - start, last.usage.output_tokens
+def load_engine(threads: int, sequences: int, host_lock: Path | None) -> LlamaLoadedModel:
+    source = default_model_source()
+    engine = LlamaEngine(EngineOptions(threads=threads, sequences=sequences,
+                                       host_lock=host_lock))
+    return engine.load(ModelFile(DEFAULT_MODEL_ID, source, sha256_of(source)))
 
 
-def peer_run(llama_model: llama_cpp.LlamaModel, threads: int, n_tokens: int) -> tuple[float, int]:
-    """Seconds and tokens for the same greedy generation as a bare cyllama loop."""
-    vocab = llama_model.get_vocab()
-    chat = [llama_cpp.LlamaChatMessage(role=m["role"], content=m["content"]) for m in MESSAGES]
-    prompt = vocab.tokenize(llama_model.chat_apply_template(None, chat, True), True, True)
+def bare_batched(model: llama_cpp.LlamaModel, threads: int, n_seq: int,
+                 tokens: int) -> tuple[float, int]:
+    """Seconds and tokens for `n_seq` greedy generations in one batched context."""
+    vocab = model.get_vocab()
+    prompts = [vocab.tokenize(_apply_template(model, messages(i)), True, True)
+               for i in range(n_seq)]
     params = llama_cpp.LlamaContextParams()
-    params.n_ctx = len(prompt) + n_tokens
+    params.n_ctx = sum(len(p) for p in prompts) + n_seq * tokens
     params.n_batch = params.n_ubatch = 512
+    params.n_seq_max = n_seq
+    params.kv_unified = True
     params.n_threads = params.n_threads_batch = threads
+    params.no_perf = True
     start = time.perf_counter()
-    ctx = llama_cpp.LlamaContext(llama_model, params)
+    ctx = llama_cpp.LlamaContext(model, params)
+    batch = llama_cpp.LlamaBatch(n_tokens=512, embd=0, n_seq_max=n_seq)
+    rows: dict[int, int] = {}
+    for seq, prompt in enumerate(prompts):
+        for pos, token in enumerate(prompt):
+            batch.add(token, pos, [seq], pos == len(prompt) - 1)
+            if pos == len(prompt) - 1:
+                rows[seq] = batch.n_tokens - 1
+    ctx.decode(batch)
     sampler = llama_cpp.LlamaSampler(llama_cpp.LlamaSamplerChainParams())
     sampler.add_greedy()
-    ctx.decode(llama_cpp.llama_batch_get_one(prompt, 0))
-    generated = 0
-    while generated < n_tokens:
-        token = sampler.sample(ctx, -1)
-        if vocab.is_eog(token):
-            break
-        vocab.token_to_piece(token, 0, False)
-        ctx.decode(llama_cpp.llama_batch_get_one([token], len(prompt) + generated))
-        generated += 1
+    generated = [0] * n_seq
+    while rows:
+        batch.clear()
+        next_rows: dict[int, int] = {}
+        for seq, row in rows.items():
+            token = sampler.sample(ctx, row)
+            if vocab.is_eog(token):
+                continue
+            generated[seq] += 1
+            vocab.token_to_piece(token, 0, False)
+            if generated[seq] < tokens:
+                batch.add(token, len(prompts[seq]) + generated[seq] - 1, [seq], True)
+                next_rows[seq] = batch.n_tokens - 1
+        rows = next_rows
+        if rows:
+            ctx.decode(batch)
     elapsed = time.perf_counter() - start
     ctx.close()
-    return elapsed, generated
+    return elapsed, sum(generated)
+
+
+def engine_batched(model: LlamaLoadedModel, n_seq: int, tokens: int) -> tuple[float, int]:
+    """Seconds and tokens for `n_seq` concurrent greedy `generate` calls."""
+    counts = [0] * n_seq
+
+    def one(i: int) -> None:
+        request = GenerationRequest(messages(i), max_output_tokens=tokens, temperature=0)
+        for chunk in model.generate(request, None, lambda: False):
+            counts[i] = chunk.usage.output_tokens
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n_seq)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - start, sum(counts)
+
+
+def child(args: argparse.Namespace) -> None:
+    """One contention child: load, say ready, wait for go, decode for `--seconds`."""
+    lock = None if args.lock == "none" else Path(args.lock)
+    model = load_engine(args.threads, 1, lock)
+    engine_batched(model, 1, 4)  # warm: the loop's context exists
+    print("ready", flush=True)
+    sys.stdin.readline()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    tokens = 0
+    while time.perf_counter() - start < args.seconds:
+        tokens += engine_batched(model, 1, 32)[1]
+    elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(json.dumps({"tokens": tokens, "seconds": elapsed, "cpu": cpu,
+                      "nivcsw": after.ru_nivcsw - before.ru_nivcsw}), flush=True)
+
+
+def contend(processes: int, *, threads: int, lock: str, seconds: float,
+            env: dict[str, str]) -> list[dict[str, Any]]:
+    """Start `processes` children, let them decode at the same time, collect figures."""
+    command = [sys.executable, "-m", "bench.engine", "--child", "--threads", str(threads),
+               "--lock", lock, "--seconds", str(seconds)]
+    children = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True, cwd=ROOT, env={**os.environ, **env})
+                for _ in range(processes)]
+    for proc in children:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    for proc in children:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    results = []
+    for proc in children:
+        assert proc.stdout is not None
+        results.append(json.loads(proc.stdout.readline()))
+        proc.wait(60)
+    return results
+
+
+def describe(results: list[dict[str, Any]]) -> str:
+    rates = [r["tokens"] / r["seconds"] for r in results]
+    cpu = sum(r["cpu"] for r in results) / max(1, sum(r["tokens"] for r in results))
+    switches = sum(r["nivcsw"] for r in results) / max(1, sum(r["tokens"] for r in results))
+    each = " + ".join(f"{rate:.1f}" for rate in rates)
+    return (f"{sum(rates):6.1f} tok/s in all ({each}); {cpu * 1000:.0f} ms CPU/token, "
+            f"{switches:.1f} involuntary switches/token")
+
+
+def load_average() -> str:
+    return "load %.2f %.2f %.2f" % os.getloadavg()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--threads", type=int, default=EngineOptions().threads)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=usable_cores())
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--sequences", default="1,2,4,8")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--skip", default="", help="comma list of: batched,contention")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--lock", default="none", help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    source = default_model_source()
-    started = time.perf_counter()
-    digest = sha256_of(source)
-    hashed = time.perf_counter()
-    model = LlamaEngine(EngineOptions(threads=args.threads)).load(
-        ModelFile(DEFAULT_MODEL_ID, source, digest)
-    )
-    loaded = time.perf_counter()
-    rss, _ = rss_mib()
-    size_mib = source.stat().st_size / 2**20
-    print(f"model       {source.name} ({size_mib:.0f} MiB), {args.threads} threads")
-    print(f"sha256      {hashed - started:.3f} s (first time in this process; then cached)")
-    print(f"load        {loaded - hashed:.3f} s")
-    print(f"rss         {rss:.0f} MiB after load (weights are mmapped)")
-
-    # Engine and peer runs alternate and the best of each is kept: this box is shared.
-    request = GenerationRequest(MESSAGES, max_output_tokens=args.tokens)
-    peer_params = llama_cpp.LlamaModelParams()
-    peer_params.n_gpu_layers = 0
-    peer_model = llama_cpp.LlamaModel(str(source), peer_params)
-    engine_runs, peer_runs = [], []
-    for _ in range(args.runs):
-        engine_runs.append(engine_run(model, request))
-        peer_runs.append(peer_run(peer_model, args.threads, args.tokens))
-    first_chunk, total, tokens = min(engine_runs, key=lambda r: r[1])
-    peer_total, peer_tokens = min(peer_runs)
-    print(
-        f"engine      {tokens} tokens in {total:.3f} s: {tokens / total:.1f} tokens/s "
-        f"(first chunk after {first_chunk * 1000:.0f} ms; best of {args.runs})"
-    )
-    print(
-        f"peer        {peer_tokens} tokens in {peer_total:.3f} s: "
-        f"{peer_tokens / peer_total:.1f} tokens/s (bare cyllama loop, best of {args.runs})"
-    )
-
-    snapshot = list(model.generate(request, None, lambda: False))[-2].snapshot
-    resumes = []
-    for _ in range(args.runs):
-        resume_start = time.perf_counter()
-        next(iter(model.generate(request, snapshot, lambda: False)))
-        resumes.append(time.perf_counter() - resume_start)
-    print(
-        f"resume      first new chunk after {min(resumes):.3f} s "
-        f"(replays prompt + {len(snapshot['tokens'])} tokens one by one; best of {args.runs})"
-    )
-    _, peak = rss_mib()
-    print(f"rss peak    {peak:.0f} MiB")
+    if args.child:
+        child(args)
+        return
+    skip = set(args.skip.split(","))
+    print(f"threads {args.threads}, {args.tokens} tokens per sequence, greedy; {load_average()}")
+    if "batched" not in skip:
+        source = default_model_source()
+        bare_model = llama_cpp.LlamaModel(str(source), llama_cpp.LlamaModelParams())
+        model = load_engine(args.threads, 8, None)
+        for n_seq in [int(n) for n in args.sequences.split(",")]:
+            # Alternate, keep the best of two: the box is shared.
+            bare = min(bare_batched(bare_model, args.threads, n_seq, args.tokens)
+                       for _ in range(2))
+            ours = min(engine_batched(model, n_seq, args.tokens) for _ in range(2))
+            bare_rate, our_rate = bare[1] / bare[0], ours[1] / ours[0]
+            print(f"N={n_seq}  ceiling {bare_rate:6.1f} tok/s   engine {our_rate:6.1f} tok/s"
+                  f"   ratio {our_rate / bare_rate:.2f}   ({load_average()})")
+    if "contention" not in skip:
+        lock = str(Path(tempfile.mkdtemp()) / "engine.lock")
+        t = args.threads
+        spin = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default: what the engine ran before
+        cases = [
+            ("one process alone", 1, t, lock, {}),
+            ("one process alone, spinning threads (before)", 1, t, "none", spin),
+            (f"two processes, {t} threads each, spinning, no lock (before)", 2, t, "none", spin),
+            ("two processes, 1 thread each, spinning, no lock", 2, 1, "none", spin),
+            (f"two processes, {t} threads each, passive, no lock", 2, t, "none", {}),
+            (f"two processes, {t} threads each, passive, host lock (default)", 2, t, lock, {}),
+        ]
+        for name, processes, threads, case_lock, env in cases:
+            results = contend(processes, threads=threads, lock=case_lock,
+                              seconds=args.seconds, env=env)
+            print(f"{name:62s} {describe(results)}   ({load_average()})")
 
 
 if __name__ == "__main__":

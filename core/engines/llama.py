@@ -17,8 +17,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from cyllama.llama import llama_cpp
-
 from core.engines.base import (
     Chunk,
     EngineError,
@@ -35,6 +33,7 @@ from core.engines.llama_loop import (
     LoopShape,
     Sequence,
 )
+from core.engines.llama_native import llama_cpp
 from core.engines.llama_sampling import Sampling
 from core.engines.llama_text import Utf8Pieces
 

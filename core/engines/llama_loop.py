@@ -34,10 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cyllama.llama import llama_cpp
-
 from core.engines.base import Chunk, EngineError, Usage
 from core.engines.host_lock import HostLock
+from core.engines.llama_native import llama_cpp
 from core.engines.llama_sampling import PENALTY_LAST_N, Sampling
 from core.engines.llama_text import Utf8Pieces
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from cyllama.llama import llama_cpp
-
 from core.engines.base import GenerationRequest
+from core.engines.llama_native import llama_cpp
 
 _RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp reads it as "pick any seed"
 PENALTY_LAST_N = 64  # llama.cpp's default window for the repetition penalty

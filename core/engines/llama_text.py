@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cyllama.llama import llama_cpp
+from core.engines.llama_native import llama_cpp
 
 _MAX_HELD_TOKENS = 8  # a UTF-8 character that has not completed by then never will
 _REPLACEMENT = "\ufffd"

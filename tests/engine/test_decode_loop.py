@@ -15,10 +15,10 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from cyllama.llama import llama_cpp
 
 from core.engines.base import Chunk, GenerationRequest
 from core.engines.llama import LlamaLoadedModel
+from core.engines.llama_native import llama_cpp
 from tests.engine.test_llama_engine import continue_in_new_process, run, text
 
 PROMPTS = [

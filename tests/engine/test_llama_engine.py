@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cyllama.llama import llama_cpp
 
 from core.engines.base import Chunk, EngineError, EngineOptions, GenerationRequest, ModelFile
 from core.engines.llama import LlamaEngine, LlamaLoadedModel
+from core.engines.llama_native import llama_cpp
 from core.engines.llama_text import Utf8Pieces
 from core.engines.registry import engine_named
 

@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from cyllama.llama import llama_cpp
 
 import core.engines.llama_sampling as llama_sampling
 from core.engines.base import GenerationRequest
+from core.engines.llama_native import llama_cpp
 from core.engines.sampling import with_model_defaults
 from core.errors import InvalidInput
 from core.model_files import install_default_model
