@@ -1,132 +1,71 @@
-"""Real-model figures of `taskward run` (SQLite) beside the bare engine, in one run.
+"""Real-model figures of `taskward run` (SQLite) beside the bare batched loop, in one run.
 
-Run from the repository root: `.venv/bin/python -m bench.service` (options: `--runs`,
-`--tasks`, `--tokens`, `--ttfd`, `--threads` = TASKWARD_ENGINE_THREADS on both sides,
-`--concurrency 1,2`). About 4-5 minutes on 2 shared cores.
+Run from the repository root: `.venv/bin/python -m bench.service` (options: `--tokens`,
+`--tasks 1,2,4,8`, `--runs`, `--ttfd`, `--threads` = TASKWARD_ENGINE_THREADS).
 
-- Tokens/s of one greedy task (128 tokens), and the aggregate tokens/s of a burst of
-  concurrent tasks (default 6) with TASKWARD_WORKER_CONCURRENCY=1 and =2. The service
-  figure is the task's own window in its event log (`response.loading` to the terminal
-  event: digest check, model cache, context, prompt, tokens, flushes, the final
-  write); the peer is the same generation on the bare engine in this process
-  (`bench.engine.engine_run`), each on a fresh thread as the worker does, with as many
-  generations at once as the service runs. Service and peer take turns (the peer runs
-  while the service idles); the best and the median of `--runs` are printed for each
-  and the overhead is taken between the bests: the machine is shared.
-- Time to the first delta event from the 202 (p50/p99 over `--ttfd` sequential requests
-  with a warm model), as a client sees it: the SSE stream is opened right after the
-  202 and the clock stops when the first `response.output_text.delta` frame arrives.
-- RSS of the `taskward run` processes with the model loaded (/proc VmRSS and VmHWM).
+- Aggregate tokens/s of N concurrent greedy tasks in one `taskward run`
+  (TASKWARD_WORKER_CONCURRENCY = the largest N), from the tasks' own event logs: first
+  `response.loading` to the last terminal event, over all the tokens. The peer is the
+  bare batched loop of `bench.engine` with N sequences in this process (the physical
+  ceiling of this build here); service and peer take turns, best of `--runs` each.
+- Two processes: two `taskward run`s on their own data directories, N tasks each at
+  the same moment, against the first one alone with the same N.
+- Time to first delta with 7 other tasks running: p50/p99 over `--ttfd` requests sent
+  one after another while seven long tasks decode, from the 202 to the first
+  `response.output_text.delta` frame on the SSE stream.
+Every figure is printed with the load average at that moment: the machine is shared.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.engine import MESSAGES, engine_run
-from core.engines.base import EngineOptions, GenerationRequest, ModelFile
-from core.engines.llama import LlamaEngine, LlamaLoadedModel
-from core.model_files import DEFAULT_MODEL_ID, default_model_source, sha256_of
-from core.settings import Settings
+from bench.engine import bare_batched, load_average
+from core.engines.base import usable_cores
+from core.engines.llama_native import llama_cpp
+from core.model_files import DEFAULT_MODEL_ID, default_model_source
 from tests.scheduler.processes import Children
 from tests.service.running import Running, Runs, create, events, finished, run_env
 
-SERVICE_BODY = {"input": MESSAGES, "temperature": 0}
+BODY = {"input": "Tell a long story about a lighthouse keeper.", "temperature": 0}
 
 
 def stamp(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(event["created_at"]).timestamp()
 
 
-def task_window(client: httpx.Client, task_id: str) -> tuple[float, float, int]:
-    """(claimed at, finished at, output tokens) of a completed task, from its log."""
-    log = events(client, task_id)
-    assert log[-1]["type"] == "response.completed", log[-1]["type"]
-    claimed = next(stamp(e) for e in log if e["type"] == "response.loading")
-    tokens = log[-1]["data"]["response"]["usage"]["output_tokens"]
-    return claimed, stamp(log[-1]), tokens
-
-
-def service_burst(client: httpx.Client, tasks: int, tokens: int) -> tuple[float, int]:
+def burst(client: httpx.Client, tasks: int, tokens: int) -> tuple[float, int]:
     """Seconds from the first claim to the last completion of `tasks` tasks sent at
-    once, and their output tokens."""
-    ids = [create(client, **SERVICE_BODY, max_output_tokens=tokens)["id"]
-           for _ in range(tasks)]
+    once, and their output tokens, from the event logs."""
+    ids = [create(client, **BODY, max_output_tokens=tokens)["id"] for _ in range(tasks)]
     for task_id in ids:
         assert finished(client, task_id, seconds=600)["status"] == "completed"
-    windows = [task_window(client, task_id) for task_id in ids]
-    return (max(w[1] for w in windows) - min(w[0] for w in windows),
-            sum(w[2] for w in windows))
+    starts, ends, generated = [], [], 0
+    for task_id in ids:
+        log = events(client, task_id)
+        starts.append(next(stamp(e) for e in log if e["type"] == "response.loading"))
+        ends.append(stamp(log[-1]))
+        generated += log[-1]["data"]["response"]["usage"]["output_tokens"]
+    return max(ends) - min(starts), generated
 
 
-def bare_burst(model: LlamaLoadedModel, tasks: int, tokens: int,
-               concurrency: int) -> tuple[float, int]:
-    """The same burst on the bare engine, called the way the worker calls it: every
-    generation on a fresh thread, at most `concurrency` at once.
-
-    The threading matters: llama.cpp runs on OpenMP, which keeps a thread team per
-    calling thread, and decode speed on 2 cores swings with how many teams are alive
-    (here, once the main thread had generated, generations on other threads ran ~2.5x
-    slower than on fresh threads alone).
-    """
-    request = GenerationRequest(MESSAGES, max_output_tokens=tokens)
-    slots = threading.Semaphore(concurrency)
-    results: list[tuple[float, float, int]] = []
-
-    def one() -> None:
-        try:
-            results.append(engine_run(model, request))
-        finally:
-            slots.release()
-
-    started = time.perf_counter()
-    threads = []
-    for _ in range(tasks):
-        slots.acquire()
-        threads.append(threading.Thread(target=one))
-        threads[-1].start()
-    for thread in threads:
-        thread.join()
-    assert len(results) == tasks
-    return time.perf_counter() - started, sum(r[2] for r in results)
-
-
-Measure = Callable[[], tuple[float, int]]  # seconds, tokens
-
-
-@dataclass(frozen=True)
-class Rates:
-    best: float
-    median: float
-    tokens: int  # generated in the best run
-
-
-def rates(measured: list[tuple[float, int]]) -> Rates:
-    per_run = [tokens / seconds for seconds, tokens in measured]
-    best = max(range(len(measured)), key=per_run.__getitem__)
-    return Rates(per_run[best], statistics.median(per_run), measured[best][1])
-
-
-def in_turns(service: Measure, bare: Measure, runs: int) -> tuple[Rates, Rates]:
-    """Tokens/s of the service and of the bare engine, measured in turns."""
-    results = [(service(), bare()) for _ in range(runs)]
-    return rates([r[0] for r in results]), rates([r[1] for r in results])
+def rate(measured: tuple[float, int]) -> float:
+    return measured[1] / measured[0]
 
 
 def first_delta_ms(client: httpx.Client, tokens: int) -> float:
     created = client.post("/v1/responses", json={
-        "model": DEFAULT_MODEL_ID, **SERVICE_BODY, "max_output_tokens": tokens})
+        "model": DEFAULT_MODEL_ID, **BODY, "max_output_tokens": tokens})
     accepted = time.perf_counter()
     assert created.status_code == 202, created.text
     task_id = created.json()["id"]
@@ -147,80 +86,97 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 
 
-def rss_line(running: Running) -> str:
-    """VmRSS (VmHWM) of `taskward run`: its granian supervisor and the worker process that
-    serves the API, runs the sweeper and holds the model."""
-    main = running.process.pid
-    children = Path(f"/proc/{main}/task/{main}/children").read_text().split()
-    parts, total = [], 0
-    for pid, role in [(main, "supervisor"), *((int(c), "worker") for c in children)]:
-        status = dict(line.split(":", 1) for line in
-                      Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-        rss, hwm = (int(status[k].split()[0]) // 1024 for k in ("VmRSS", "VmHWM"))
-        total += rss
-        parts.append(f"{role} {rss} MiB (peak {hwm})")
-    return f"{', '.join(parts)}; {total} MiB in all"
-
-
-def measure_service(runs: Runs, data_dir: Path, concurrency: int, model: LlamaLoadedModel,
-                    args: argparse.Namespace) -> None:
-    """Every figure of one `taskward run` with TASKWARD_WORKER_CONCURRENCY=`concurrency`."""
+def start(runs: Runs, data_dir: Path, args: argparse.Namespace,
+          concurrency: int) -> tuple[Running, httpx.Client]:
     running = runs.start(run_env(data_dir, worker_concurrency=concurrency,
                                  engine_threads=args.threads))
-    with running.client(running.pair()) as client:
-        warm = create(client, **SERVICE_BODY, max_output_tokens=8)["id"]  # loads the model
-        assert finished(client, warm)["status"] == "completed"
-        if concurrency == 1:
-            print(line("one task", in_turns(
-                lambda: service_burst(client, 1, args.tokens),
-                lambda: bare_burst(model, 1, args.tokens, 1), args.runs)))
-        print(line(f"{args.tasks} tasks, concurrency {concurrency}", in_turns(
-            lambda: service_burst(client, args.tasks, args.tokens),
-            lambda: bare_burst(model, args.tasks, args.tokens, concurrency), args.runs)))
-        if concurrency == 1:
-            ttfd = [first_delta_ms(client, 8) for _ in range(args.ttfd)]
-            print(f"first delta p50 {percentile(ttfd, 0.5):.0f} ms, "
-                  f"p99 {percentile(ttfd, 0.99):.0f} ms after the 202 "
-                  f"({args.ttfd} requests, warm model, SSE; target p50 < 300 ms)")
-        print(f"rss after concurrency {concurrency}: {rss_line(running)}")
-    running.kill9()
+    client = running.client(running.pair())
+    warm = create(client, **BODY, max_output_tokens=4)["id"]  # loads the model
+    assert finished(client, warm)["status"] == "completed"
+    return running, client
 
 
-def line(name: str, measured: tuple[Rates, Rates]) -> str:
-    service, bare = measured
-    overhead = (1 - service.best / bare.best) * 100
-    return (f"{name:26} service {service.best:5.1f} tokens/s (median {service.median:5.1f})   "
-            f"bare engine {bare.best:5.1f} (median {bare.median:5.1f})   "
-            f"overhead {overhead:+5.1f} %   ({service.tokens} tokens)")
+def aggregate(client: httpx.Client, bare_model: llama_cpp.LlamaModel,
+              args: argparse.Namespace) -> dict[int, float]:
+    by_tasks: dict[int, float] = {}
+    for n in args.task_counts:
+        service, bare = [], []
+        for _ in range(args.runs):
+            service.append(rate(burst(client, n, args.tokens)))
+            bare.append(rate(bare_batched(bare_model, args.threads, n, args.tokens)))
+        by_tasks[n] = max(service)
+        print(f"{n} concurrent tasks: service {max(service):6.1f} tok/s "
+              f"(median {statistics.median(service):5.1f})   bare batched loop "
+              f"{max(bare):6.1f} (median {statistics.median(bare):5.1f})   ratio "
+              f"{max(service) / max(bare):.2f}   ({load_average()})", flush=True)
+    return by_tasks
+
+
+def two_processes(client_a: httpx.Client, client_b: httpx.Client, args: argparse.Namespace,
+                  tasks: int) -> None:
+    alone = max(rate(burst(client_a, tasks, args.tokens)) for _ in range(args.runs))
+    together: list[float] = []
+    for _ in range(args.runs):
+        results: list[tuple[float, int]] = []
+        threads = [threading.Thread(target=lambda c=c: results.append(burst(c, tasks,
+                                                                            args.tokens)))
+                   for c in (client_a, client_b)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        together.append(sum(rate(r) for r in results))
+    print(f"two taskward processes, {tasks} task(s) each at once: {max(together):6.1f} tok/s "
+          f"in all   one process alone: {alone:6.1f}   ratio {max(together) / alone:.2f}   "
+          f"({load_average()})", flush=True)
+
+
+def ttfd_beside_seven(client: httpx.Client, args: argparse.Namespace) -> None:
+    others = [create(client, **BODY, max_output_tokens=args.long_tokens)["id"]
+              for _ in range(7)]
+    time.sleep(1.0)  # the seven are claimed and decoding
+    samples = [first_delta_ms(client, 4) for _ in range(args.ttfd)]
+    still = sum(client.get(f"/v1/tasks/{t}").json()["status"] == "running" for t in others)
+    for task_id in others:
+        finished(client, task_id, seconds=600)
+    print(f"first delta with 7 others running: p50 {percentile(samples, 0.5):.0f} ms, "
+          f"p99 {percentile(samples, 0.99):.0f} ms ({args.ttfd} requests; {still} of 7 "
+          f"still running at the end)   ({load_average()})", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--tasks", type=int, default=6)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--ttfd", type=int, default=20, help="requests for time to first delta")
-    parser.add_argument("--threads", type=int,
-                        default=Settings.model_fields["engine_threads"].default,
-                        help="engine threads per task (TASKWARD_ENGINE_THREADS), both sides")
-    parser.add_argument("--concurrency", default="1,2",
-                        help="TASKWARD_WORKER_CONCURRENCY values to measure")
+    parser.add_argument("--long-tokens", type=int, default=512,
+                        help="tokens of each of the 7 tasks running during the ttfd probe")
+    parser.add_argument("--tasks", default="1,2,4,8")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--ttfd", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=usable_cores())
+    parser.add_argument("--skip", default="", help="comma list of: aggregate,two,ttfd")
     args = parser.parse_args()
-
-    threads = args.threads
-    source = default_model_source()
-    model = LlamaEngine(EngineOptions(threads=threads)).load(
-        ModelFile(DEFAULT_MODEL_ID, source, sha256_of(source)))
-    bare_burst(model, 1, 8, 1)  # warm, off the main thread like every later call
-    print(f"model       {source.name}, {threads} engine threads per task, "
-          f"best and median of {args.runs} runs, SQLite store")
-
+    args.task_counts = [int(n) for n in args.tasks.split(",")]
+    skip = set(args.skip.split(","))
+    concurrency = max(8, *args.task_counts)
+    print(f"{args.tokens} tokens per task, greedy, {args.threads} engine threads, "
+          f"TASKWARD_WORKER_CONCURRENCY={concurrency}, best of {args.runs}, SQLite; "
+          f"{load_average()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    bare_model = llama_cpp.LlamaModel(str(default_model_source()), llama_cpp.LlamaModelParams())
     with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
         children = Children(Path(tmp) / "logs")
         runs = Runs(children)
         try:
-            for concurrency in (int(c) for c in args.concurrency.split(",")):
-                measure_service(runs, Path(tmp) / f"c{concurrency}", concurrency, model, args)
+            running_a, client_a = start(runs, Path(tmp) / "a", args, concurrency)
+            if "aggregate" not in skip:
+                aggregate(client_a, bare_model, args)
+            if "ttfd" not in skip:
+                ttfd_beside_seven(client_a, args)
+            if "two" not in skip:
+                running_b, client_b = start(runs, Path(tmp) / "b", args, concurrency)
+                for tasks in (1, 4):
+                    two_processes(client_a, client_b, args, tasks)
+                running_b.kill9()
+            running_a.kill9()
         finally:
             children.kill_all()
 

@@ -13,6 +13,13 @@ import secrets
 import threading
 import time
 
+
+def sampling_seed() -> int:
+    """A seed for a task whose request names none: stored with it, so the text can be
+    made again (docs/operations.md, "Sampling")."""
+    return secrets.randbits(32)
+
+
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
 
 

@@ -18,6 +18,7 @@ from core.clock import utc_ms
 from core.engines.base import GenerationRequest
 from core.errors import InvalidInput
 from core.priorities import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY, SERVICE_TIERS
+from core.ids import sampling_seed
 from core.settings import Settings
 from core.states import OnRestart
 from core.store.new_tasks import NewTask
@@ -128,6 +129,9 @@ def new_task(
     schedule firing unattended is held to the cap (`"clamp"`: the cap may have been
     lowered since the schedule was accepted, and nobody is there to fix it).
 
+    A request without `seed` is stored with one drawn here, the seed its attempts then
+    sample with; each firing of a schedule draws its own.
+
     `now_ms` is given by the API: a `run_at` at or before it is dropped, so the task is
     due at once like one without `run_at`. Claims take the oldest `run_at` first, and a
     client must not put its task ahead of those already waiting by dating it in the
@@ -143,6 +147,8 @@ def new_task(
                                f"max_attempts: must be at most {settings.max_attempts_cap}",
                                extra={"field": "max_attempts"})
         attempts = settings.max_attempts_cap
+    if request.seed is None:  # the seed actually used is the stored one: draw it now
+        request = request.model_copy(update={"seed": sampling_seed()})
     run_at = None if request.run_at is None else utc_ms(request.run_at)
     if run_at is not None and now_ms is not None and run_at <= now_ms:
         run_at = None

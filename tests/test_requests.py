@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from core.errors import InvalidInput
@@ -25,7 +27,17 @@ def test_every_field_reaches_the_task() -> None:
         "c", "m", OnRestart.RESUME, 4)
     assert (task.metadata, task.dedupe_key, task.schedule_id) == ({"k": "v"}, "d", "sched_1")
     assert task.run_at == 1_709_247_600_001  # 2024-02-29T23:00:00.001Z, exactly
-    assert task.request_json == request.stored_json() and "run_at" not in task.request_json
+    stored = json.loads(task.request_json)
+    assert isinstance(stored.pop("seed"), int) and "run_at" not in stored
+    assert stored == json.loads(request.stored_json())
+
+
+def test_a_request_without_a_seed_is_stored_with_the_one_drawn_for_it() -> None:
+    seeds = {json.loads(new_task(body(), client_id="c", settings=SETTINGS).request_json)["seed"]
+             for _ in range(3)}
+    given = json.loads(new_task(body(seed=42), client_id="c", settings=SETTINGS).request_json)
+
+    assert len(seeds) == 3 and given["seed"] == 42
 
 
 def test_max_attempts_defaults_and_is_refused_or_clamped_above_the_cap() -> None:
