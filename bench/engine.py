@@ -192,8 +192,9 @@ def main() -> None:
     skip = set(args.skip.split(","))
     print(f"threads {args.threads}, {args.tokens} tokens per sequence, greedy; {load_average()}")
     if "batched" not in skip:
-        source = default_model_source()
-        bare_model = llama_cpp.LlamaModel(str(source), llama_cpp.LlamaModelParams())
+        llama_cpp.disable_logging()
+        bare_model = llama_cpp.LlamaModel(str(default_model_source()),
+                                          llama_cpp.LlamaModelParams())
         model = load_engine(args.threads, 8, None)
         for n_seq in [int(n) for n in args.sequences.split(",")]:
             # Alternate, keep the best of two: the box is shared.

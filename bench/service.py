@@ -161,6 +161,7 @@ def main() -> None:
     print(f"{args.tokens} tokens per task, greedy, {args.threads} engine threads, "
           f"TASKWARD_WORKER_CONCURRENCY={concurrency}, best of {args.runs}, SQLite; "
           f"{load_average()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    llama_cpp.disable_logging()
     bare_model = llama_cpp.LlamaModel(str(default_model_source()), llama_cpp.LlamaModelParams())
     with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
         children = Children(Path(tmp) / "logs")
