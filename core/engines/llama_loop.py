@@ -140,19 +140,26 @@ class DecodeLoop:
         try:
             ctx = self._context()
         except EngineError as exc:
-            with self._lock:
-                self._thread = None
-                failed, self._waiting = list(self._waiting), deque()
-            for sequence in failed:
-                sequence.out.put(exc)
+            self._end_failing(exc)
             return
         host_lock = self._open_host_lock()
         try:
             _Steps(ctx, self._vocab, self._shape, host_lock, self._take_waiting,
                    self._stepped).run()
+        except BaseException as exc:  # noqa: BLE001  told to every consumer; the next
+            log.exception("decode loop failed")  # submit starts a fresh loop thread
+            self._end_failing(exc)
         finally:
             host_lock.close()
             ctx.close()
+
+    def _end_failing(self, error: BaseException) -> None:
+        """The thread ends on an error: the sequences still waiting get it too."""
+        with self._lock:
+            self._thread = None
+            failed, self._waiting = list(self._waiting), deque()
+        for sequence in failed:
+            sequence.out.put(error)
 
     def _open_host_lock(self) -> HostLock:
         try:
@@ -239,10 +246,9 @@ class _Steps:
                     self._leave(sequence)
                 if self._active:
                     self._step()
-        except BaseException as exc:  # noqa: BLE001  every consumer must hear of it
-            log.exception("decode loop failed")
-            for sequence in list(self._active):
-                self._leave(sequence, exc)
+        except BaseException as exc:
+            for sequence in self._active:  # the context is suspect: no more calls into it
+                sequence.out.put(exc)
             raise
 
     def _step(self) -> None:
