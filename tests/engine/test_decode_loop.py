@@ -16,8 +16,9 @@ from collections.abc import Callable
 
 import pytest
 
-from core.engines.base import Chunk, GenerationRequest
-from core.engines.llama import LlamaLoadedModel
+import core.engines.llama_loop as llama_loop
+from core.engines.base import Chunk, EngineError, EngineOptions, GenerationRequest, ModelFile
+from core.engines.llama import LlamaEngine, LlamaLoadedModel
 from core.engines.llama_native import llama_cpp
 from tests.engine.test_llama_engine import continue_in_new_process, run, text
 
@@ -166,3 +167,39 @@ def test_a_resume_in_a_new_process_beside_running_sequences_continues_its_snapsh
                                     beside=[dataclasses.asdict(greedy(p, 20)) for p in PROMPTS[:2]])
 
     assert text(before) + after == uninterrupted
+
+
+class _FailingOnce:
+    """`llama_cpp` with a context whose first decode raises (a spy module, not a fake:
+    everything else is the real binding)."""
+
+    def __init__(self) -> None:
+        self.failed = False
+        outer = self
+
+        class Context(llama_cpp.LlamaContext):
+            def decode(self, batch: llama_cpp.LlamaBatch) -> int:
+                if not outer.failed:
+                    outer.failed = True
+                    raise RuntimeError("injected decode failure")
+                return super().decode(batch)
+
+        self.LlamaContext = Context
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(llama_cpp, name)
+
+
+@pytest.mark.model
+def test_a_failed_step_fails_its_sequences_as_retryable_and_the_loop_goes_on(
+    default_model_file: ModelFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llama_loop, "llama_cpp", _FailingOnce())
+    model = LlamaEngine(EngineOptions(threads=2)).load(default_model_file)
+
+    with pytest.raises(EngineError) as caught:
+        run(model, greedy(PROMPTS[0], 4))
+    after = run(model, greedy(PROMPTS[0], 4))
+
+    assert caught.value.code == "engine_error" and caught.value.retryable
+    assert after[-1].usage.output_tokens == 4
