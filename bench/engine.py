@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from core.engines.base import EngineOptions, GenerationRequest, ModelFile, usable_cores
-from core.engines.llama import LlamaEngine, LlamaLoadedModel, _apply_template
+from core.engines.llama import LlamaEngine, LlamaLoadedModel, apply_template, init_backend
 from core.engines.llama_native import llama_cpp
 from core.model_files import DEFAULT_MODEL_ID, default_model_source, sha256_of
 
@@ -74,7 +74,7 @@ def bare_batched(model: llama_cpp.LlamaModel, threads: int, n_seq: int,
 def _bare_batched(model: llama_cpp.LlamaModel, threads: int, n_seq: int,
                   tokens: int) -> tuple[float, int]:
     vocab = model.get_vocab()
-    prompts = [vocab.tokenize(_apply_template(model, messages(i)), True, True)
+    prompts = [vocab.tokenize(apply_template(model, messages(i)), True, True)
                for i in range(n_seq)]
     params = llama_cpp.LlamaContextParams()
     params.n_ctx = sum(len(p) for p in prompts) + n_seq * tokens
@@ -204,7 +204,7 @@ def main() -> None:
     skip = set(args.skip.split(","))
     print(f"threads {args.threads}, {args.tokens} tokens per sequence, greedy; {load_average()}")
     if "batched" not in skip:
-        llama_cpp.disable_logging()
+        init_backend()  # before any model: it picks the CPU variant (AVX2, ...)
         bare_model = llama_cpp.LlamaModel(str(default_model_source()),
                                           llama_cpp.LlamaModelParams())
         model = load_engine(args.threads, 8, None)

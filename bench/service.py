@@ -32,6 +32,7 @@ import httpx
 
 from bench.engine import bare_batched, load_average
 from core.engines.base import usable_cores
+from core.engines.llama import init_backend
 from core.engines.llama_native import llama_cpp
 from core.model_files import DEFAULT_MODEL_ID, default_model_source
 from tests.scheduler.processes import Children
@@ -161,7 +162,7 @@ def main() -> None:
     print(f"{args.tokens} tokens per task, greedy, {args.threads} engine threads, "
           f"TASKWARD_WORKER_CONCURRENCY={concurrency}, best of {args.runs}, SQLite; "
           f"{load_average()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
-    llama_cpp.disable_logging()
+    init_backend()  # before any model: it picks the CPU variant (AVX2, ...)
     bare_model = llama_cpp.LlamaModel(str(default_model_source()), llama_cpp.LlamaModelParams())
     with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
         children = Children(Path(tmp) / "logs")

@@ -41,7 +41,7 @@ DEFAULT_MAX_OUTPUT_TOKENS = 256
 
 
 @functools.cache
-def _init_backend() -> None:
+def init_backend() -> None:
     """Silence llama.cpp's stderr logging and load its CPU backend, once per process."""
     llama_cpp.disable_logging()
     llama_cpp.ggml_backend_load_all()
@@ -71,7 +71,7 @@ class LlamaEngine:
 
 
 def _read_model(model: ModelFile) -> llama_cpp.LlamaModel:
-    _init_backend()
+    init_backend()
     params = llama_cpp.LlamaModelParams()
     params.n_gpu_layers = 0
     try:
@@ -81,7 +81,7 @@ def _read_model(model: ModelFile) -> llama_cpp.LlamaModel:
             "model_load_failed", f"cannot load model {model.model_id!r}: {exc}", retryable=False
         ) from exc
     try:
-        _apply_template(llama_model, [{"role": "user", "content": "probe"}])
+        apply_template(llama_model, [{"role": "user", "content": "probe"}])
     except RuntimeError as exc:
         raise EngineError(
             "model_load_failed",
@@ -91,7 +91,7 @@ def _read_model(model: ModelFile) -> llama_cpp.LlamaModel:
     return llama_model
 
 
-def _apply_template(llama_model: llama_cpp.LlamaModel, messages: list[dict[str, str]]) -> str:
+def apply_template(llama_model: llama_cpp.LlamaModel, messages: list[dict[str, str]]) -> str:
     """The model's chat template as llama.cpp's built-in renderer applies it."""
     chat = [llama_cpp.LlamaChatMessage(role=m["role"], content=m["content"]) for m in messages]
     template = llama_model.get_default_chat_template() or None
@@ -149,7 +149,7 @@ class LlamaLoadedModel:
     def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
         """The messages as the model's chat template renders them, in token ids."""
         try:
-            prompt = _apply_template(self.llama_model, messages)
+            prompt = apply_template(self.llama_model, messages)
         except (RuntimeError, KeyError, TypeError) as exc:
             raise EngineError(
                 "invalid_messages",
