@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_VERSION = 1
 STEP_TOKENS = 512  # llama_decode's batch; also fixed because batch shapes shape numbers
-_PREFILL_TOKENS = 64  # prompt tokens per step (about 60 ms here): joiners never stall others
+_PREFILL_TOKENS = 64  # prompt tokens per step: a joining prompt delays the others by one chunk
 _IDLE_SECONDS = 5.0  # an idle loop frees its context (the KV cells) and its thread
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 
