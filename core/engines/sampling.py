@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from core.engines.base import GenerationRequest
 
@@ -47,7 +48,7 @@ def with_model_defaults(
     """`request` with every unset sampling field taken from the entry's metadata."""
     if sampling_metadata_error(metadata) is not None:
         return request  # registered before the check existed: the request stands as sent
-    changes: dict[str, float | int] = {}
+    changes: dict[str, Any] = {}
     for key in SAMPLING_KEYS:
         if getattr(request, key) is None and key in metadata:
             value = float(metadata[key])
