@@ -146,7 +146,7 @@ class DecodeLoop:
         try:
             _Steps(ctx, self._vocab, self._shape, host_lock, self._take_waiting,
                    self._stepped).run()
-        except BaseException as exc:  # noqa: BLE001  told to every consumer; the next
+        except BaseException as exc:
             log.exception("decode loop failed")  # submit starts a fresh loop thread
             self._end_failing(exc)
         finally:
@@ -256,7 +256,7 @@ class _Steps:
         try:
             with self._host_lock.turn():
                 self._ctx.decode(self._batch)
-        except Exception as exc:  # noqa: BLE001  a failed step fails the sequences in it
+        except Exception as exc:
             error = EngineError("engine_error", f"llama_decode failed ({type(exc).__name__})",
                                 retryable=True)
             for sequence in list(self._active):
@@ -297,7 +297,7 @@ class _Steps:
         history = sequence.tail(PENALTY_LAST_N) if sampling.repeat_penalty else []
         try:
             token = sampling.sampler_at(len(sequence.tokens), history).sample(self._ctx, index)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._leave(sequence, EngineError("engine_error",
                                               f"sampling failed ({type(exc).__name__})",
                                               retryable=True))

@@ -21,6 +21,6 @@ import os
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = "passive"
 
-from cyllama.llama import llama_cpp  # noqa: E402  after the environment, by design
+from cyllama.llama import llama_cpp
 
 __all__ = ["llama_cpp"]

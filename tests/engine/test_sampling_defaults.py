@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-import core.engines.llama_sampling as llama_sampling
 from core.engines.base import GenerationRequest
 from core.engines.llama_native import llama_cpp
 from core.engines.sampling import with_model_defaults
@@ -86,7 +85,7 @@ def test_a_task_without_sampling_fields_samples_with_the_entry_defaults(
     body = {"model": "smol", "input": "Say hello.", "max_output_tokens": 3}
     enqueue(db, NewTask(client_id="client-a", model="smol", request_json=json.dumps(body),
                         on_restart=OnRestart.RETRY))
-    monkeypatch.setattr(llama_sampling.llama_cpp, "LlamaSampler", _RecordingSampler)
+    monkeypatch.setattr(llama_cpp, "LlamaSampler", _RecordingSampler)  # the shared binding
     _RecordingSampler.links = []
 
     assert run_pass(db, settings)["completed"] == 1
