@@ -12,7 +12,8 @@ Run from the repository root: `.venv/bin/python -m bench.engine` (options: `--to
   `--seconds`, beside one child alone; each reports tokens/s, CPU seconds per token and
   involuntary context switches. Cases: libgomp's spinning threads without the host
   lock (the engine before), one thread each, passive threads (the default,
-  `core/engines/llama_native.py`) without and with the host lock (the default).
+  `core/engines/llama_native.py`) without the host lock (the default) and with it
+  (`TASKWARD_ENGINE_HOST_LOCK`, opt-in).
 """
 
 from __future__ import annotations
@@ -221,12 +222,12 @@ def main() -> None:
         t = args.threads
         spin = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default: what the engine ran before
         cases = [
-            ("one process alone", 1, t, lock, {}),
+            ("one process alone", 1, t, "none", {}),
             ("one process alone, spinning threads (before)", 1, t, "none", spin),
             (f"two processes, {t} threads each, spinning, no lock (before)", 2, t, "none", spin),
             ("two processes, 1 thread each, spinning, no lock", 2, 1, "none", spin),
-            (f"two processes, {t} threads each, passive, no lock", 2, t, "none", {}),
-            (f"two processes, {t} threads each, passive, host lock (default)", 2, t, lock, {}),
+            (f"two processes, {t} threads each, passive, no lock (default)", 2, t, "none", {}),
+            (f"two processes, {t} threads each, passive, host lock (opt-in)", 2, t, lock, {}),
         ]
         for name, processes, threads, case_lock, env in cases:
             results = contend(processes, threads=threads, lock=case_lock,

@@ -23,7 +23,6 @@ from pydantic_settings import (
 
 from core.cron import parse_cron
 from core.engines.base import usable_cores
-from core.engines.host_lock import DEFAULT_HOST_LOCK
 from core.errors import InvalidInput
 
 ENV_PREFIX = "TASKWARD_"
@@ -63,9 +62,10 @@ class Settings(BaseSettings):
     # concurrency; more threads than usable cores only spin (docs/operations.md).
     engine_threads: int = Field(default_factory=usable_cores, ge=1, le=256)
     engine_context_tokens: int = Field(8192, ge=256, le=1_048_576)
-    # Every taskward process on a host takes turns on this file around each compute
-    # step, so two of them never oversubscribe the cores; empty: no turns.
-    engine_host_lock: str = str(DEFAULT_HOST_LOCK)
+    # Opt-in: every taskward process on a host takes turns on this file around each
+    # compute step. Off by default: with passive OpenMP threads, two processes without
+    # it did better in every measured run (docs/benchmarks.md, "Two processes").
+    engine_host_lock: str = ""
     model_cache_size: int = Field(2, ge=1, le=32)
     sync_timeout_seconds: float = Field(60, gt=0, le=600)
     pairing_code_ttl_seconds: float = Field(600, gt=0)

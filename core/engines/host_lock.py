@@ -1,11 +1,11 @@
-"""A host-wide turn for compute steps, shared by every taskward process on the host.
+"""An opt-in host-wide turn for compute steps (`TASKWARD_ENGINE_HOST_LOCK`).
 
-llama.cpp's CPU threads (an OpenMP team in this build) spin at every barrier of a
-compute graph. Two processes that each run as many threads as there are cores keep
-preempting each other's spinning threads, and a token that takes 12 ms alone takes
-hundreds (docs/benchmarks.md, "two processes"). Taking turns per compute step instead
-costs one uncontended `flock` per step and keeps the host's aggregate throughput near
-one process's.
+Processes that name the same file take turns on it around each decode step, so their
+llama.cpp threads never share the cores at once; one uncontended `flock` per step.
+It is off by default: once the engine's OpenMP threads wait passively
+(`core.engines.llama_native`), two processes without turns did better than with them
+in every run measured here, all on a loaded host (docs/benchmarks.md); it is meant
+for a host that runs nothing but taskward.
 
 `flock` locks belong to an open file description, so two loops in one process exclude
 each other too, and the kernel drops a dead process's lock with its last descriptor.
@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import fcntl
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-DEFAULT_HOST_LOCK = Path(tempfile.gettempdir()) / "taskward-engine.lock"
 
 
 class HostLock:
