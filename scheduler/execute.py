@@ -26,6 +26,7 @@ from core.engines.base import (
     EngineError,
     EngineOptions,
     GenerationRequest,
+    ModelFile,
     ModelSource,
 )
 from core.engines.registry import engine_named
@@ -112,7 +113,8 @@ def _execute(
         return _engine_failed(db, settings, attempt, exc)
     except DomainError as exc:  # unknown_engine: the registry names an engine we lack
         return _fail(db, attempt, exc.code, exc.message)
-    request = with_model_defaults(request, model_file.metadata)
+    if isinstance(model_file, ModelFile):  # an upstream server applies its own defaults
+        request = with_model_defaults(request, model_file.metadata)
     snapshot = json.loads(claim.snapshot_json) if claim.snapshot_json else None
     attempt.engine_thread = threading.Thread(
         target=_produce, args=(engine, model_file, request, snapshot, attempt),
