@@ -17,8 +17,8 @@ from core.bodies import StrictBody
 from core.clock import utc_ms
 from core.engines.base import GenerationRequest
 from core.errors import InvalidInput
-from core.priorities import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY, SERVICE_TIERS
 from core.ids import sampling_seed
+from core.priorities import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY, SERVICE_TIERS
 from core.settings import Settings
 from core.states import OnRestart
 from core.store.new_tasks import NewTask

@@ -24,7 +24,7 @@ def test_defaults_follow_the_spec() -> None:
     assert settings.database_url == "sqlite:///./var/taskward.db"
     assert (settings.lease_seconds, settings.heartbeat_seconds) == (30, 10)
     assert (settings.max_attempts_default, settings.max_attempts_cap) == (3, 10)
-    assert settings.worker_concurrency == 8 and settings.max_body_bytes == 1_048_576
+    assert settings.worker_concurrency == 2 and settings.max_body_bytes == 1_048_576
     assert settings.sweep_schedule == "* * * * *" and settings.retention_hours == 168
 
 
