@@ -65,7 +65,7 @@ class Run:
                 f"p99 {p99:6.1f} ms   statuses {dict(sorted(self.statuses.items()))}")
 
 
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     request: bytes) -> tuple[int, bytes]:
     writer.write(request)
     head = await reader.readuntil(b"\r\n\r\n")
@@ -82,7 +82,7 @@ async def _connection(port: int, build: object, run: Run, deadline: float,
         while time.perf_counter() < deadline:
             request = build()  # type: ignore[operator]
             began = time.perf_counter()
-            status, body = await _exchange(reader, writer, request)
+            status, body = await exchange(reader, writer, request)
             run.latencies.append(time.perf_counter() - began)
             run.statuses[status] = run.statuses.get(status, 0) + 1
             if keep_ids and status == 202:
@@ -91,7 +91,7 @@ async def _connection(port: int, build: object, run: Run, deadline: float,
         writer.close()
 
 
-async def _load(port: int, build: object, connections: int, seconds: float,
+async def load(port: int, build: object, connections: int, seconds: float,
                 keep_ids: bool = False) -> Run:
     run = Run()
     start = time.perf_counter()
@@ -188,11 +188,11 @@ def measure(env: dict[str, str], token: str, args: argparse.Namespace) -> tuple[
     port = free_port()
     server = start_server(env, port, args.workers)
     try:
-        posts = asyncio.run(_load(port, lambda: post_request(token), args.connections,
+        posts = asyncio.run(load(port, lambda: post_request(token), args.connections,
                                   args.seconds, keep_ids=True))
         ids = posts.task_ids or ["resp_missing"]
         counter = iter(range(10**12))
-        gets = asyncio.run(_load(
+        gets = asyncio.run(load(
             port, lambda: get_request(token, ids[next(counter) % len(ids)]),
             args.connections, args.seconds))
     finally:

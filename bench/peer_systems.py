@@ -1,0 +1,373 @@
+"""The systems `bench/peers.py` drives, each through its own public surface.
+
+- `Peer`: Procrastinate or PgQueuer, every step a subprocess of the peers' own
+  virtualenv (`bench/peer_drivers/`); finishes are read from the queue's own tables.
+- `Taskward`: HTTP `POST /v1/responses` against `taskward serve`, `taskward sweeper`
+  processes, the deterministic plug-in engine of `tests/engines.py` (`words=1`: one
+  chunk, a no-op); finishes are its `response.completed` events. On SQLite the latency
+  run uses `taskward run`, whose in-process wake-up is that store's only push.
+
+Every system records, per job, when its work started and when its finish was stamped,
+as epoch seconds, and how many times it ran, so `bench/peers.py` checks that every job
+finished exactly once and computes the same figures for all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from bench.http import exchange, free_port, load
+from core.clients import create_client
+from core.models_registry import register
+from core.settings import Settings
+from core.store.database import Database
+from core.store.new_tasks import NewTask, insert_task
+from infra.db import create_db_engine
+from infra.migrate import upgrade
+from tests.databases import private_pg_database
+from tests.scheduler.processes import environment, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKWARD = str(Path(sys.executable).with_name("taskward"))
+MODEL = "noop"
+NOOP_REQUEST = {"model": MODEL, "input": "words=1"}
+SLOTS = 16
+
+
+@contextmanager
+def processes(commands: list[tuple[list[str], dict[str, str]]], logs: Path,
+              name: str) -> Iterator[list[float]]:
+    """Start `commands` (argv, environment); yields each one's spawn time (epoch s).
+    SIGTERM then SIGKILL at the end: the figures are taken from the databases."""
+    started: list[subprocess.Popen[bytes]] = []
+    spawned: list[float] = []
+    try:
+        for index, (argv, env) in enumerate(commands):
+            log = (logs / f"{name}-{index}.log").open("wb")
+            spawned.append(time.time())
+            started.append(subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True))
+        yield spawned
+    finally:
+        for child in started:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 3
+        for child in started:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait(timeout=10)
+
+
+def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """`sql` on a SQLite file or a PostgreSQL database named by a SQLAlchemy URL."""
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            return list(conn.execute(sql))
+        finally:
+            conn.close()
+    with psycopg.connect(dsn(url), autocommit=True) as conn:
+        cursor = conn.execute(sql)
+        return list(cursor) if cursor.description else []
+
+
+def dsn(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+@dataclass
+class Timeline:
+    """Per job: when its work started and when its finish was stamped (epoch s), and
+    how many times it was executed; per worker process, its spawn and first start."""
+
+    starts: dict[str, float]
+    finishes: dict[str, float]
+    executions: Counter[str]
+    first_start_ms: list[float]
+
+
+class Peer:
+    """A peer queue, driven by `bench/peer_drivers/<module>.py` in its own virtualenv."""
+
+    def __init__(self, name: str, module: str, python: Path, finished_sql: str) -> None:
+        self.name = name
+        self._module = f"bench.peer_drivers.{module}"
+        self._python = str(python)
+        self._finished_sql = finished_sql  # (job id, finish epoch) per finished job
+
+    @contextmanager
+    def database(self, workdir: Path) -> Iterator[str]:
+        with private_pg_database() as url:
+            self._step(url, "setup")
+            yield url
+
+    def _argv(self, url: str, step: str, *extra: str) -> list[str]:
+        return [self._python, "-m", self._module, step, "--dsn", dsn(url), *extra]
+
+    def _step(self, url: str, step: str, *extra: str) -> Any:
+        done = subprocess.run(self._argv(url, step, *extra), cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{self.name} {step} failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout) if done.stdout.strip() else None
+
+    def fill(self, url: str, count: int) -> None:
+        self._step(url, "fill", "--count", str(count))
+
+    @contextmanager
+    def workers(self, url: str, count: int, slots: int, logs: Path) -> Iterator[list[float]]:
+        commands = [(self._argv(url, "worker", "--slots", str(slots),
+                                "--log", str(logs / f"{self.name}-executions-{i}")),
+                     {**os.environ, "PYTHONPATH": str(ROOT)}) for i in range(count)]
+        with processes(commands, logs, f"{self.name}-worker") as spawned:
+            yield spawned
+
+    def enqueue(self, url: str, producers: int, seconds: float, logs: Path) -> dict[str, Any]:
+        result: dict[str, Any] = self._step(url, "enqueue", "--producers", str(producers),
+                                            "--seconds", str(seconds))
+        return result
+
+    def paced(self, url: str, rate: float, count: int, logs: Path) -> list[tuple[str, float]]:
+        sent = self._step(url, "paced", "--rate", str(rate), "--count", str(count),
+                          "--producers", "2")["sent"]
+        return [(str(job_id), began) for job_id, began in sent]
+
+    def finished(self, url: str) -> int:
+        return int(rows(url, f"SELECT count(*) FROM ({self._finished_sql}) AS f")[0][0])
+
+    def stored(self, url: str) -> int:
+        table = "procrastinate_jobs" if "procrastinate" in self._module else "pgqueuer"
+        return int(rows(url, f"SELECT count(*) FROM {table}")[0][0])
+
+    def timeline(self, url: str, logs: Path, spawned: list[float]) -> Timeline:
+        starts: dict[str, float] = {}
+        executions: Counter[str] = Counter()
+        first: list[float] = []
+        for i, spawn in enumerate(spawned):
+            path = logs / f"{self.name}-executions-{i}"
+            lines = path.read_text().split() if path.exists() else []
+            pairs = list(zip(lines[::2], map(float, lines[1::2]), strict=True))
+            for job_id, began in pairs:
+                executions[job_id] += 1
+                starts.setdefault(job_id, began)
+            if pairs:
+                first.append((min(b for _, b in pairs) - spawn) * 1000)
+        finishes = {str(job): float(at) for job, at in rows(url, self._finished_sql)}
+        return Timeline(starts, finishes, executions, first)
+
+
+def procrastinate(python: Path) -> Peer:
+    return Peer("procrastinate", "procrastinate_queue", python,
+                "SELECT job_id, extract(epoch FROM at) FROM procrastinate_events "
+                "WHERE type = 'succeeded'")
+
+
+def pgqueuer(python: Path) -> Peer:
+    return Peer("pgqueuer", "pgqueuer_queue", python,
+                "SELECT job_id, extract(epoch FROM created) FROM pgqueuer_log "
+                "WHERE status = 'successful'")
+
+
+class Taskward:
+    """taskward on one store, through `taskward serve` / `sweeper` / `run`."""
+
+    def __init__(self, store: str, serve_workers: int = 2) -> None:
+        self.store = store
+        self.name = "taskward" if store == "postgresql" else "taskward-sqlite"
+        self._serve_workers = serve_workers
+        self._tokens: dict[str, str] = {}
+        self._models_dir: Path | None = None
+
+    @contextmanager
+    def database(self, workdir: Path) -> Iterator[str]:
+        models_dir = workdir / "models"
+        models_dir.mkdir(exist_ok=True)
+        (models_dir / "noop.bin").write_bytes(b"no-op model\n")
+        self._models_dir = models_dir
+        with ExitStack() as stack:
+            if self.store == "sqlite":
+                url = f"sqlite:///{workdir / f'taskward-{time.time_ns()}.db'}"
+            else:
+                url = stack.enter_context(private_pg_database())
+            db = self._db(url)
+            try:
+                upgrade(db.engine)
+                register(db, models_dir, "noop.bin", model_id=MODEL, engine="test.words")
+                self._tokens[url] = create_client(
+                    db, name="bench", scopes=frozenset({"responses:create"})).token
+            finally:
+                db.dispose()
+            yield url
+
+    def _settings(self, url: str) -> Settings:
+        assert self._models_dir is not None
+        return Settings(database_url=url, models_dir=self._models_dir, node_id="bench")
+
+    def _db(self, url: str) -> Database:
+        return Database(create_db_engine(self._settings(url)))
+
+    def _env(self, url: str, **extra: object) -> dict[str, str]:
+        return environment(self._settings(url), **{"worker_concurrency": SLOTS, **extra})
+
+    def fill(self, url: str, count: int) -> None:
+        db = self._db(url)
+        request = json.dumps(NOOP_REQUEST)
+        try:
+            with db.write() as conn:
+                now = db.clock.now_ms()
+                for _ in range(count):
+                    insert_task(db, conn, NewTask(client_id="bench", model=MODEL,
+                                                  request_json=request), now)
+        finally:
+            db.dispose()
+
+    @contextmanager
+    def workers(self, url: str, count: int, slots: int, logs: Path) -> Iterator[list[float]]:
+        commands = [([TASKWARD, "sweeper"],
+                     self._env(url, worker_concurrency=slots, node_id=f"bench-{i}"))
+                    for i in range(count)]
+        with processes(commands, logs, f"{self.name}-sweeper") as spawned:
+            yield spawned
+
+    @contextmanager
+    def _api(self, url: str, logs: Path, *, with_sweeper: bool = False) -> Iterator[int]:
+        port = free_port()
+        argv = ([TASKWARD, "run", "--port", str(port)] if with_sweeper else
+                [TASKWARD, "serve", "--port", str(port), "--workers", str(self._serve_workers)])
+        with processes([(argv, self._env(url))], logs, f"{self.name}-{argv[1]}"):
+            wait_until(lambda: _ready(port), timeout=60, what="the API")
+            yield port
+
+    def _post(self, url: str) -> bytes:
+        body = json.dumps(NOOP_REQUEST).encode()
+        return (f"POST /v1/responses HTTP/1.1\r\nHost: bench\r\n"
+                f"Authorization: Bearer {self._tokens[url]}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                ).encode() + body
+
+    def enqueue(self, url: str, producers: int, seconds: float, logs: Path) -> dict[str, Any]:
+        request = self._post(url)
+        with self._api(url, logs) as port:
+            run = asyncio.run(load(port, lambda: request, producers, seconds))
+        return {"count": run.statuses.get(202, 0), "seconds": run.seconds,
+                "latencies": run.latencies, "statuses": run.statuses}
+
+    def paced(self, url: str, rate: float, count: int, logs: Path) -> list[tuple[str, float]]:
+        # SQLite has no cross-process push: its latency figure is `taskward run`'s.
+        with self._api(url, logs, with_sweeper=self.store == "sqlite") as port:
+            return asyncio.run(paced_http(port, self._post(url), rate, count))
+
+    def finished(self, url: str) -> int:
+        return int(rows(url, "SELECT count(*) FROM tasks WHERE status = 'completed'")[0][0])
+
+    def stored(self, url: str) -> int:
+        return int(rows(url, "SELECT count(*) FROM tasks")[0][0])
+
+    def timeline(self, url: str, logs: Path, spawned: list[float]) -> Timeline:
+        events = rows(url, "SELECT e.task_id, e.type, e.created_at, t.node_id "
+                           "FROM task_events e JOIN tasks t ON t.id = e.task_id "
+                           "WHERE e.type IN ('response.loading', 'response.completed')")
+        starts: dict[str, float] = {}
+        finishes: dict[str, float] = {}
+        executions: Counter[str] = Counter()
+        first_by_node: dict[str, float] = {}
+        for task_id, kind, created_at, node_id in events:
+            at = created_at / 1000
+            if kind == "response.loading":
+                executions[task_id] += 1
+                starts[task_id] = min(at, starts.get(task_id, at))
+                first_by_node[node_id] = min(at, first_by_node.get(node_id, at))
+            else:
+                finishes[task_id] = at
+        first = [(first_by_node[f"bench-{i}"] - spawn) * 1000
+                 for i, spawn in enumerate(spawned) if f"bench-{i}" in first_by_node]
+        return Timeline(starts, finishes, executions, first)
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def paced_http(port: int, request: bytes, rate: float,
+                     count: int) -> list[tuple[str, float]]:
+    """`count` POSTs at `rate` per second over a few keep-alive connections, open loop:
+    `(task id, epoch before the request)` for each 202."""
+    idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+    for _ in range(4):
+        idle.put_nowait(await asyncio.open_connection("127.0.0.1", port))
+    sent: list[tuple[str, float]] = []
+
+    async def one() -> None:
+        reader, writer = await idle.get()
+        began = time.time()
+        status, body = await exchange(reader, writer, request)
+        idle.put_nowait((reader, writer))
+        if status == 202:
+            sent.append((json.loads(body)["id"], began))
+
+    start = time.perf_counter()
+    calls = []
+    for i in range(count):
+        await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+        calls.append(asyncio.ensure_future(one()))
+    await asyncio.gather(*calls)
+    while not idle.empty():
+        idle.get_nowait()[1].close()
+    return sent
+
+
+class BareLitestar:
+    """The HTTP stack's own ceiling: `bench/bare_app.py` under the same granian settings
+    as `taskward serve`, driven by the same load generator."""
+
+    name = "bare Litestar POST"
+
+    def __init__(self, serve_workers: int = 2) -> None:
+        self._serve_workers = serve_workers
+
+    def enqueue(self, producers: int, seconds: float, logs: Path) -> dict[str, Any]:
+        port = free_port()
+        code = ("from infra.server import serve; "
+                f"serve('bench.bare_app:app', port={port}, workers={self._serve_workers}, "
+                "factory=False)")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        body = json.dumps(NOOP_REQUEST).encode()
+        request = (f"POST /v1/responses HTTP/1.1\r\nHost: bench\r\n"
+                   f"Authorization: Bearer none\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        with processes([([sys.executable, "-c", code], env)], logs, "bare-litestar"):
+            wait_until(lambda: _answers(port), timeout=60, what="the bare app")
+            run = asyncio.run(load(port, lambda: request, producers, seconds))
+        return {"count": run.statuses.get(202, 0), "seconds": run.seconds,
+                "latencies": run.latencies}
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.post(f"http://127.0.0.1:{port}/v1/responses", json=NOOP_REQUEST,
+                          timeout=1).status_code == 202
+    except httpx.HTTPError:
+        return False
+

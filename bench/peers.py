@@ -1,0 +1,295 @@
+"""taskward beside Procrastinate and PgQueuer on the same PostgreSQL, in one run.
+
+Run from the repository root: `.venv/bin/python -m bench.peers [--quick]`.
+
+The peers are installed by this script into their own virtualenv under
+`~/.cache/taskward/bench-peers/` (never into taskward's), and driven by our own code
+(`bench/peer_drivers/`). Every system gets a fresh private database per workload:
+- drain: `--jobs` no-op jobs bulk-inserted, `ANALYZE`, then 2 worker processes × 16
+  slots started; jobs/s from the first job's start to the last finish, and each
+  process's time from spawn to its first job (taskward: `taskward sweeper`);
+- enqueue: 8 concurrent producers, one job per call, for `--seconds` (taskward: HTTP
+  `POST /v1/responses` against `taskward serve --workers 2`); jobs/s and the
+  acknowledgement latency;
+- latency: 100 jobs/s one by one into 2 running workers × 16 slots; pickup (enqueue
+  call -> job start) and end to end (enqueue call -> finish stamped in the database).
+Every job of every workload is checked to have finished (drain, latency) or been
+stored (enqueue) exactly once. Beside them, the raw one-row commit rate of the same
+PostgreSQL in the same run. Then taskward alone on SQLite, with a bare Litestar POST
+handler served the same way as the HTTP stack's ceiling. Rounds alternate the order
+of the systems; figures are medians over rounds. The machine is shared and noisy:
+read the ratios, which are printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from bench.peer_systems import BareLitestar, Taskward, Timeline, pgqueuer, procrastinate, rows
+from bench.store import raw_pg_rate
+from tests.databases import private_pg_database
+from tests.scheduler.processes import wait_until
+
+PEER_REQUIREMENTS = ("procrastinate==3.10.0", "pgqueuer==1.6.0",
+                     "typer<0.29",  # pgqueuer 1.6's CLI breaks on typer 0.29
+                     "asyncpg==0.32.0", "psycopg[binary,pool]==3.3.*")
+WORKERS, SLOTS, PRODUCERS, RATE = 2, 16, 8, 100.0
+
+
+class System(Protocol):
+    name: str
+
+    def database(self, workdir: Path) -> Any: ...
+    def fill(self, url: str, count: int) -> None: ...
+    def workers(self, url: str, count: int, slots: int, logs: Path) -> Any: ...
+    def enqueue(self, url: str, producers: int, seconds: float,
+                logs: Path) -> dict[str, Any]: ...
+    def paced(self, url: str, rate: float, count: int,
+              logs: Path) -> list[tuple[str, float]]: ...
+    def finished(self, url: str) -> int: ...
+    def stored(self, url: str) -> int: ...
+    def timeline(self, url: str, logs: Path, spawned: list[float]) -> Timeline: ...
+
+
+def peer_python() -> Path:
+    """The peers' virtualenv interpreter, created and filled once per requirement set."""
+    tag = hashlib.sha256("\n".join(PEER_REQUIREMENTS).encode()).hexdigest()[:12]
+    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    venv = home / "taskward" / "bench-peers" / tag
+    python, stamp = venv / "bin" / "python", venv / ".installed"
+    if not stamp.exists():
+        print(f"installing the peers into {venv} (once)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PEER_REQUIREMENTS],
+                       check=True)
+        stamp.touch()
+    return python
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
+
+
+@dataclass
+class Figures:
+    """One system's figures over the rounds (each list: one value per round)."""
+
+    drain: list[float] = field(default_factory=list)
+    first_claim_ms: list[float] = field(default_factory=list)
+    enqueue: list[float] = field(default_factory=list)
+    ack_ms: list[tuple[float, float]] = field(default_factory=list)
+    pickup_ms: list[tuple[float, float]] = field(default_factory=list)
+    e2e_ms: list[tuple[float, float]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def exactly_once(name: str, timeline: Timeline, expected: set[str] | int) -> list[str]:
+    """What is wrong with the run: jobs not finished, or executed other than once."""
+    problems = []
+    count = len(expected) if isinstance(expected, set) else expected
+    repeated = [job for job, runs in timeline.executions.items() if runs != 1]
+    if repeated:
+        problems.append(f"{name}: {len(repeated)} job(s) executed more than once")
+    if len(timeline.finishes) != count or len(timeline.executions) != count:
+        problems.append(f"{name}: {len(timeline.finishes)} finished and "
+                        f"{len(timeline.executions)} executed of {count}")
+    if isinstance(expected, set) and set(timeline.finishes) != expected:
+        problems.append(f"{name}: the finished jobs are not the enqueued ones")
+    return problems
+
+
+def drain(system: System, workdir: Path, jobs: int, figures: Figures) -> None:
+    logs = workdir / f"logs-{system.name}-drain-{time.time_ns()}"
+    logs.mkdir()
+    with system.database(workdir) as url:
+        system.fill(url, jobs)
+        analyze(url)
+        with system.workers(url, WORKERS, SLOTS, logs) as spawned:
+            wait_until(lambda: system.finished(url) >= jobs, timeout=900,
+                       what=f"{system.name} drained")
+            time.sleep(0.3)  # a repeated execution would show up now
+        timeline = system.timeline(url, logs, spawned)
+    figures.problems += exactly_once(system.name, timeline, jobs)
+    span = max(timeline.finishes.values()) - min(timeline.starts.values())
+    figures.drain.append(jobs / span)
+    figures.first_claim_ms.append(max(timeline.first_start_ms, default=float("nan")))
+
+
+def enqueue(system: System, workdir: Path, seconds: float, figures: Figures) -> None:
+    logs = workdir / f"logs-{system.name}-enqueue-{time.time_ns()}"
+    logs.mkdir()
+    with system.database(workdir) as url:
+        result = system.enqueue(url, PRODUCERS, seconds, logs)
+        stored = system.stored(url)
+    if stored != result["count"]:
+        figures.problems.append(f"{system.name}: {result['count']} acknowledged, "
+                                f"{stored} stored")
+    figures.enqueue.append(result["count"] / result["seconds"])
+    latencies = [x * 1000 for x in result["latencies"]]
+    figures.ack_ms.append((percentile(latencies, 0.5), percentile(latencies, 0.99)))
+
+
+def latency(system: System, workdir: Path, count: int, figures: Figures) -> None:
+    logs = workdir / f"logs-{system.name}-latency-{time.time_ns()}"
+    logs.mkdir()
+    with system.database(workdir) as url:
+        with system.workers(url, WORKERS, SLOTS, logs) as spawned:
+            warm = system.paced(url, RATE, 20, logs)  # start-up is the drain's figure
+            sent = system.paced(url, RATE, count, logs)
+            total = len(warm) + len(sent)
+            wait_until(lambda: system.finished(url) >= total, timeout=120,
+                       what=f"{system.name} finished the paced jobs")
+            time.sleep(0.3)
+        timeline = system.timeline(url, logs, spawned)
+    figures.problems += exactly_once(system.name, timeline,
+                                     {job for job, _ in warm + sent})
+    figures.pickup_ms.append(_quantiles([(timeline.starts[j] - t0) * 1000 for j, t0 in sent]))
+    figures.e2e_ms.append(_quantiles([(timeline.finishes[j] - t0) * 1000 for j, t0 in sent]))
+
+
+def _quantiles(values: list[float]) -> tuple[float, float]:
+    return percentile(values, 0.5), percentile(values, 0.99)
+
+
+def analyze(url: str) -> None:
+    """Fresh statistics after a bulk fill, for every system alike (a planner without
+    them made Procrastinate's claim read every queued row)."""
+    rows(url, "ANALYZE")
+
+
+def raw_ceiling() -> float:
+    with private_pg_database() as url:
+        return raw_pg_rate(url, 2000)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def number(value: float) -> str:
+    return "-" if value != value else f"{value:,.0f}"  # NaN: not measured
+
+
+def median_pair(pairs: list[tuple[float, float]]) -> str:
+    if not pairs:
+        return "-"
+    return f"{median([p for p, _ in pairs]):.1f} / {median([q for _, q in pairs]):.1f}"
+
+
+def table(results: dict[str, Figures]) -> list[str]:
+    lines = [f"| {'system':16} | drain jobs/s | spawn→first job ms | enqueue jobs/s | "
+             "ack p50 / p99 ms | pickup p50 / p99 ms | e2e p50 / p99 ms |",
+             "|---|---|---|---|---|---|---|"]
+    for name, f in results.items():
+        lines.append(f"| {name:16} | {number(median(f.drain))} | "
+                     f"{number(median(f.first_claim_ms))} | {number(median(f.enqueue))} | "
+                     f"{median_pair(f.ack_ms)} | "
+                     f"{median_pair(f.pickup_ms)} | {median_pair(f.e2e_ms)} |")
+    return lines
+
+
+def ratio_lines(results: dict[str, Figures], ours: str, peers: list[str],
+                ceiling: float | None) -> list[str]:
+    mine = results[ours]
+    lines = []
+    for peer in peers:
+        if peer in results:
+            theirs = results[peer]
+            lines.append(f"{ours} / {peer}: drain {median(mine.drain) / median(theirs.drain):.2f}x,"
+                         f" enqueue {median(mine.enqueue) / median(theirs.enqueue):.2f}x")
+    if ceiling:
+        lines.append(f"{ours}: drain {median(mine.drain) / ceiling:.2f}x and enqueue "
+                     f"{median(mine.enqueue) / ceiling:.2f}x the raw one-row commit rate")
+    return lines
+
+
+def run_rounds(systems: list[System], rounds: int, workdir: Path, args: argparse.Namespace,
+               extra: Callable[[int], None] = lambda _r: None) -> dict[str, Figures]:
+    results = {system.name: Figures() for system in systems}
+    for r in range(rounds):
+        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        for step in (lambda s: drain(s, workdir, args.jobs, results[s.name]),
+                     lambda s: enqueue(s, workdir, args.seconds, results[s.name]),
+                     lambda s: latency(s, workdir, args.latency_jobs, results[s.name])):
+            for system in order:
+                step(system)
+        extra(r)
+        print(f"round {r + 1} of {rounds} done, load average "
+              f"{os.getloadavg()[0]:.1f}", flush=True)
+    return results
+
+
+def postgres_section(pg: list[System], workdir: Path, args: argparse.Namespace) -> list[Figures]:
+    ceilings: list[float] = []
+    results = run_rounds(pg, args.rounds, workdir, args,
+                         extra=lambda _r: ceilings.append(raw_ceiling()))
+    print(f"\nPostgreSQL, medians of {args.rounds} round(s); raw one-row commits "
+          f"{median(ceilings):,.0f}/s in the same run")
+    print("\n".join(table(results)))
+    if "taskward" in results:
+        print("\n".join(ratio_lines(results, "taskward", ["pgqueuer", "procrastinate"],
+                                    median(ceilings))))
+    return list(results.values())
+
+
+def sqlite_section(workdir: Path, args: argparse.Namespace) -> list[Figures]:
+    results = run_rounds([Taskward("sqlite")], args.rounds, workdir, args)
+    bare = results[BareLitestar.name] = Figures()
+    for _ in range(args.rounds):
+        logs = workdir / f"logs-bare-{time.time_ns()}"
+        logs.mkdir()
+        result = BareLitestar().enqueue(PRODUCERS, args.seconds, logs)
+        bare.enqueue.append(result["count"] / result["seconds"])
+        bare.ack_ms.append(_quantiles([x * 1000 for x in result["latencies"]]))
+    print("\nSQLite: taskward alone (`taskward run` for latency), beside a bare Litestar "
+          "POST handler served the same way")
+    print("\n".join(table(results)))
+    ours = median(results["taskward-sqlite"].enqueue)
+    print(f"taskward-sqlite POST / bare Litestar POST: {ours / median(bare.enqueue):.2f}x")
+    return list(results.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a bounded smoke run: 1,000 jobs, 2 s, 100 paced, 1 round")
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--latency-jobs", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--systems", default="taskward,procrastinate,pgqueuer,sqlite")
+    args = parser.parse_args()
+    if args.quick:
+        args.jobs, args.seconds, args.latency_jobs, args.rounds = 1000, 2.0, 100, 1
+    wanted = args.systems.split(",")
+    print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="taskward-peers-") as tmp:
+        workdir = Path(tmp)
+        pg: list[System] = [Taskward("postgresql")] if "taskward" in wanted else []
+        if {"procrastinate", "pgqueuer"} & set(wanted):
+            python = peer_python()
+            pg += [make(python) for make in (procrastinate, pgqueuer) if make.__name__ in wanted]
+        figures = postgres_section(pg, workdir, args) if pg else []
+        if "sqlite" in wanted:
+            figures += sqlite_section(workdir, args)
+    problems = [problem for f in figures for problem in f.problems]
+    print("\nexactly once: " + ("every job of every system" if not problems
+                                else "; ".join(problems)))
+    print(f"load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
