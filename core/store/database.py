@@ -72,13 +72,14 @@ class Database:
         announcements of every process, or None when the store has no push (SQLite)."""
         return None if self.is_sqlite else PgListener(self.engine.url, handlers)
 
-    def announce_work(self, conn: Connection) -> None:
+    def announce_work(self, conn: Connection, *, notified: bool = False) -> None:
         """Tell sweepers that new work is due, as part of the transaction `conn`.
 
-        PostgreSQL: a NOTIFY, delivered on commit to every listening process. Either
-        store: this process's `listen`ers, called after commit. SQLite processes
-        without the API in them fall back to short polling."""
-        if not self.is_sqlite:
+        PostgreSQL: a NOTIFY, delivered on commit to every listening process (`notified`:
+        a statement of `conn` already called `pg_notify(WORK_CHANNEL, '')` itself, saving
+        a round trip). Either store: this process's `listen`ers, called after commit.
+        SQLite processes without the API in them fall back to short polling."""
+        if not self.is_sqlite and not notified:
             conn.execute(_NOTIFY, {"channel": WORK_CHANNEL, "payload": ""})
         listeners = list(self._listeners.get(WORK_CHANNEL, ()))
         if listeners:

@@ -25,6 +25,7 @@ from core.store.active_quota import quota_exceeded, room
 from core.store.bulk import insert_rows
 from core.store.database import Database
 from core.store.line import places
+from core.store.pg_births import born_at_once
 from core.store.tasks import current_response, response_in, task_in
 from core.tables import IS_ACTIVE, idempotency_keys, models, responses, task_events, tasks
 
@@ -62,6 +63,10 @@ class _KeyTaken(Exception):
     """The idempotency key is already recorded: roll back, then answer from the record."""
 
 
+class _BatchRefused(Exception):
+    """A statement of a group commit failed: roll the whole batch back."""
+
+
 class _DedupeHit(Exception):
     """An active task holds the dedupe key: roll back, then answer with that task."""
 
@@ -92,14 +97,13 @@ def enqueue(
             now = db.clock.now_ms()
             if new.max_active and room(conn, new.client_id, new.max_active) < 1:
                 raise _OverQuota
-            created = insert_task(db, conn, new, now)
+            [created] = insert_tasks(db, conn, [new], now, announce=True)
             if created is None:
                 raise _DedupeHit
             body = _json_bytes(response_object(created, None))
             if idempotency is not None and not _record_keys(conn, [_key_record(
                     new, idempotency, created.id, body, now, idempotency_ttl_ms)]):
                 raise _KeyTaken
-            db.announce_work(conn)
             return Enqueued(created.id, 202, body)
     except (_KeyTaken, _DedupeHit, _OverQuota, InvalidInput) as refusal:
         if idempotency is not None:
@@ -138,17 +142,15 @@ def enqueue_many(
     PostgreSQL). The caller then runs `enqueue` for each None after the commit, so
     replays, dedupe hits and refusals keep their one code path.
     """
-    with db.write() as conn:
-        now = db.clock.now_ms()
-        savepoint = conn.begin_nested()
-        try:
-            answers = _insert_batch(db, conn, batch, now, idempotency_ttl_ms)
-        except Exception:  # each request is tried alone by `enqueue`
-            savepoint.rollback()
-            return [None] * len(batch)
-        savepoint.commit()
-        if any(answers):
-            db.announce_work(conn)
+    try:
+        with db.write() as conn:
+            now = db.clock.now_ms()
+            try:
+                answers = _insert_batch(db, conn, batch, now, idempotency_ttl_ms)
+            except Exception as exc:  # each request is tried alone
+                raise _BatchRefused from exc
+    except _BatchRefused:  # rolled back whole (no savepoint: one round trip less)
+        return [None] * len(batch)
     return answers
 
 
@@ -161,7 +163,7 @@ def _insert_batch(
 ) -> list[Enqueued | None]:
     admitted = _admitted(conn, [new for new, _ in batch])
     inserted = iter(insert_tasks(db, conn, [new for (new, _), ok in zip(batch, admitted)
-                                            if ok], now))
+                                            if ok], now, announce=True))
     created = [next(inserted) if ok else None for ok in admitted]
     bodies = [_json_bytes(response_object(row, None)) if row else b"" for row in created]
     records = sorted(  # one lock order for every batch: no deadlock between two of them
@@ -220,34 +222,50 @@ def insert_task(db: Database, conn: Connection, new: NewTask, now: int) -> Simpl
 
 
 def insert_tasks(
-    db: Database, conn: Connection, news: Sequence[NewTask], now: int
+    db: Database, conn: Connection, news: Sequence[NewTask], now: int, *, announce: bool = False
 ) -> list[SimpleNamespace | None]:
     """Insert tasks with their response rows and first events: one answer per request,
     None where an active task holds its dedupe key.
 
     Shared by `enqueue`, retries of dead letters and schedule firing, so every task is
-    born the same way, in four statements however many there are: one query checks the
-    models (an unknown one refuses the whole batch before anything is written); the
-    tasks go in as one `INSERT … ON CONFLICT DO NOTHING RETURNING id` (the ids of the
-    rows inserted come back, matched by id, not position: they are made here); then
-    their response rows and `response.created` events (`core.store.bulk.insert_rows`).
+    born the same way, in four statements however many there are (one round trip on
+    PostgreSQL: `core.store.pg_births`): one query checks the models (an unknown one
+    refuses the whole batch before anything is written); the tasks go in as one
+    `INSERT … ON CONFLICT DO NOTHING RETURNING id` (the ids of the rows inserted come
+    back, matched by id, not position: they are made here); then their response rows
+    and `response.created` events (`core.store.bulk.insert_rows`).
     Within a batch as between batches, the first request holding a dedupe key wins. A
     past `run_at` is kept as given: the task is due at once, and a schedule's task
     carries its slot. A due task takes its place in the fair line (`core.store.line`);
-    a later one waits outside it. Each answer is the new task's columns (with empty
-    response columns), enough to render it without a read-back.
+    a later one waits outside it. `announce`: tell the sweepers
+    (`Database.announce_work`) when a task was created. Each answer is the new task's
+    columns (with empty response columns), enough to render it without a read-back.
     """
     if not news:
         return []
-    wanted = {new.model for new in news}
-    if len(set(conn.execute(_KNOWN_MODELS, {"models": sorted(wanted)}).scalars())) < len(wanted):
-        raise InvalidInput("model_not_found", "no model is registered under that id",
-                           extra={"field": "model"})
+    wanted = sorted({new.model for new in news})
     rows = [_task_values(new, now) for new in news]
     due = [row for row in rows if row["run_at"] <= now]
     for row, place in zip(due, places(conn, [(row["client_id"], row["priority"])
                                              for row in due])):
         row["vtime"] = place
+    at_once = conn.dialect.name == "postgresql"  # one round trip: `core.store.pg_births`
+    if at_once:
+        known, inserted = born_at_once(conn, rows, wanted, now, notify=announce)
+    else:
+        known = len(set(conn.execute(_KNOWN_MODELS, {"models": wanted}).scalars())) == len(wanted)
+        inserted = _insert_rows_of(conn, rows, now) if known else set()
+    if not known:
+        raise InvalidInput("model_not_found", "no model is registered under that id",
+                           extra={"field": "model"})
+    if announce and inserted:
+        db.announce_work(conn, notified=at_once)
+    return [SimpleNamespace(**row, output_text="", input_tokens=0, output_tokens=0)
+            if row["id"] in inserted else None for row in rows]
+
+
+def _insert_rows_of(conn: Connection, rows: list[dict[str, Any]], now: int) -> set[str]:
+    """The tasks, then the response rows and first events of those inserted; their ids."""
     inserted = {row.id for row in insert_rows(conn, tasks, rows, skip_conflicts=True,
                                               returning=[tasks.c.id])}
     born = [row["id"] for row in rows if row["id"] in inserted]
@@ -257,8 +275,7 @@ def insert_tasks(
         insert_rows(conn, task_events, [{"task_id": task_id, "seq": 1,
                                          "type": "response.created", "created_at": now,
                                          "data": "{}"} for task_id in born])
-    return [SimpleNamespace(**row, output_text="", input_tokens=0, output_tokens=0)
-            if row["id"] in inserted else None for row in rows]
+    return inserted
 
 
 def _task_values(new: NewTask, now: int) -> dict[str, Any]:
