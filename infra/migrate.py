@@ -8,35 +8,60 @@ with a message that tells the operator what to run.
 
 from __future__ import annotations
 
+import re
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, inspect, text
 
 from core.errors import SchemaMismatch
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 _MIGRATIONS = Path(__file__).with_name("migrations")
 _ADVISORY_LOCK_KEY = 0x7461736B77617264 & 0x7FFFFFFFFFFFFFFF  # "taskward"
+_REVISION = re.compile(r"^revision\s*=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
+_DOWN_REVISION = re.compile(r"^down_revision\s*=\s*(?:['\"]([^'\"]+)['\"]|None)", re.MULTILINE)
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
     config.attributes["connection"] = connection
     return config
 
 
+@cache
+def known_revisions() -> dict[str, str | None]:
+    """Each revision of `infra/migrations/versions` and the one it follows.
+
+    Read from the files' `revision` / `down_revision` lines, without importing alembic:
+    every process checks the schema at start-up, and alembic's import and script
+    loading were a large part of a sweeper's start (`tests/test_migrations.py` checks
+    this against alembic's own reading)."""
+    chain = {}
+    for path in sorted((_MIGRATIONS / "versions").glob("*.py")):
+        source = path.read_text()
+        revision, down = _REVISION.search(source), _DOWN_REVISION.search(source)
+        if revision is not None and down is not None:
+            chain[revision.group(1)] = down.group(1)
+    return chain
+
+
 def head_revision() -> str:
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None
+    chain = known_revisions()
+    [head] = set(chain) - set(chain.values())
     return head
 
 
 def current_revision(connection: Connection) -> str | None:
-    return MigrationContext.configure(connection).get_current_revision()
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
 def upgrade(engine: Engine) -> str:
@@ -47,6 +72,8 @@ def upgrade(engine: Engine) -> str:
             connection.commit()
         try:
             _refuse_unknown(connection)
+            from alembic import command
+
             command.upgrade(alembic_config(connection), "head")
             connection.commit()
         finally:
@@ -72,8 +99,7 @@ def check_schema(engine: Engine) -> None:
 
 def _refuse_unknown(connection: Connection) -> None:
     revision = current_revision(connection)
-    known = {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
-    if revision is not None and revision not in known:
+    if revision is not None and revision not in known_revisions():
         raise SchemaMismatch(
             "schema_unknown",
             f"database schema revision {revision} is unknown to this taskward "

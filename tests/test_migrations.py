@@ -56,3 +56,13 @@ def test_the_migrated_schema_is_the_one_core_tables_declares(database_url: str) 
         differences = compare_metadata(context, metadata)
     engine.dispose()
     assert differences == []
+
+
+def test_the_revision_chain_read_from_the_files_is_alembics() -> None:
+    from alembic.script import ScriptDirectory
+
+    from infra.migrate import alembic_config, known_revisions
+
+    script = ScriptDirectory.from_config(alembic_config())
+    assert known_revisions() == {s.revision: s.down_revision for s in script.walk_revisions()}
+    assert head_revision() == script.get_current_head()

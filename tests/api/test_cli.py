@@ -130,3 +130,25 @@ def test_tasks_list_filters_by_priority(run: Any, db: Database, settings: Settin
                                  priority=0)).task_id
     enqueue(db, NewTask(client_id="c", model=model, request_json="{}"))
     assert [t["id"] for t in run("tasks", "list", "--priority", "0", "--json")] == [urgent]
+
+def test_every_command_is_found_in_its_own_module() -> None:
+    import importlib
+
+    from infra.cli import COMMAND_MODULES
+
+    listed = {}
+    for module_name in set(COMMAND_MODULES.values()):
+        for command in importlib.import_module(f"infra.cli.{module_name}").COMMANDS:
+            listed[command.name] = module_name
+    assert listed == COMMAND_MODULES
+
+
+def test_the_sweeper_command_loads_no_http_server() -> None:
+    import subprocess
+    import sys
+
+    probe = ("import sys; from infra.cli import main; main.get_command(None, 'sweeper'); "
+             "print(sorted(m for m in ('granian', 'litestar', 'handlers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
