@@ -220,11 +220,12 @@ def run_rounds(systems: list[System], rounds: int, workdir: Path, args: argparse
     results = {system.name: Figures() for system in systems}
     for r in range(rounds):
         order = systems[r % len(systems):] + systems[:r % len(systems)]
-        for step in (lambda s: drain(s, workdir, args.jobs, results[s.name]),
-                     lambda s: enqueue(s, workdir, args.seconds, results[s.name]),
-                     lambda s: latency(s, workdir, args.latency_jobs, results[s.name])):
+        steps = {"drain": lambda s: drain(s, workdir, args.jobs, results[s.name]),
+                 "enqueue": lambda s: enqueue(s, workdir, args.seconds, results[s.name]),
+                 "latency": lambda s: latency(s, workdir, args.latency_jobs, results[s.name])}
+        for workload in args.workloads.split(","):
             for system in order:
-                step(system)
+                steps[workload](system)
         extra(r)
         print(f"round {r + 1} of {rounds} done, load average "
               f"{os.getloadavg()[0]:.1f}", flush=True)
@@ -247,7 +248,7 @@ def postgres_section(pg: list[System], workdir: Path, args: argparse.Namespace) 
 def sqlite_section(workdir: Path, args: argparse.Namespace) -> list[Figures]:
     results = run_rounds([Taskward("sqlite")], args.rounds, workdir, args)
     bare = results[BareLitestar.name] = Figures()
-    for _ in range(args.rounds):
+    for _ in range(args.rounds if "enqueue" in args.workloads else 0):
         logs = workdir / f"logs-bare-{time.time_ns()}"
         logs.mkdir()
         result = BareLitestar().enqueue(PRODUCERS, args.seconds, logs)
@@ -270,6 +271,7 @@ def main() -> None:
     parser.add_argument("--latency-jobs", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--systems", default="taskward,procrastinate,pgqueuer,sqlite")
+    parser.add_argument("--workloads", default="drain,enqueue,latency")
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.seconds, args.latency_jobs, args.rounds = 1000, 2.0, 100, 1
