@@ -6,7 +6,10 @@ so neither kind waits for the other. A claim never takes more tasks than there a
 free slots, since a claimed task waiting in memory would hold a lease nobody works on.
 Attempts that end together complete in one transaction (`GroupCommit`), and a claim
 waits a moment for slots about to free up, so short tasks cost a few transactions per
-batch instead of several per task. Every thread here has an owner: runner threads
+batch instead of several per task. A slot is free once its attempt's engine work is
+done and its completion is handed to the group commit: the next claim then runs while
+that commit is in flight (each has its own connection and runner thread), instead of
+claim and completion taking turns. Every thread here has an owner: runner threads
 belong to the executor, engine threads to their attempts, the lease keeper to the pool,
 and `stop` ends them all.
 """
@@ -56,6 +59,8 @@ class Workers:
         self._on_slot_freed = on_slot_freed
         self._slots = {False: settings.worker_concurrency, True: settings.upstream_concurrency}
         self._active: dict[str, Attempt] = {}
+        self._handed_over: set[str] = set()  # completion submitted: the slot is free
+        self._unwritten: set[str] = set()  # ... and its group not yet written
         self._backlog = False
         self._engines: list[Attempt] = []  # attempts whose engine thread may still run
         self._lock = threading.Lock()
@@ -64,10 +69,12 @@ class Workers:
         self.claimed = 0
         self._keeper = LeaseKeeper(db, lease_ms=int(settings.lease_seconds * 1000),
                                    heartbeat_ms=int(settings.heartbeat_seconds * 1000))
-        self._completions = GroupCommit(partial(completion.complete_all, db),
-                                        running=self.running, gather_seconds=_GATHER_SECONDS,
+        self._completions = GroupCommit(self._complete_group, running=self._may_submit,
+                                        gather_seconds=_GATHER_SECONDS,
                                         quiet_seconds=_QUIET_SECONDS)
-        self._executor = ThreadPoolExecutor(max_workers=sum(self._slots.values()),
+        # A slot's runner may still wait for its completion's commit while the slot's
+        # next attempt runs: twice the threads, never more attempts than slots.
+        self._executor = ThreadPoolExecutor(max_workers=2 * sum(self._slots.values()),
                                             thread_name_prefix="taskward-runner")
         self._keeper.start()
 
@@ -77,12 +84,38 @@ class Workers:
             return sum(self._free(upstream) for upstream in (False, True))
 
     def _free(self, upstream: bool) -> int:
-        busy = sum(1 for a in self._active.values() if a.claim.upstream == upstream)
+        """Free slots of one kind (the lock held): an attempt whose completion was
+        handed to the group commit no longer holds its slot."""
+        busy = sum(1 for a in self._active.values()
+                   if a.claim.upstream == upstream and a.task_id not in self._handed_over)
         return self._slots[upstream] - busy
 
-    def running(self) -> int:
+    def _executing(self) -> int:
+        """Attempts still doing their work (the lock held): what occupies a slot."""
+        return len(self._active) - len(self._handed_over)
+
+    def _may_submit(self) -> int:
+        """For the group commit: attempts that may still submit or wait to be written."""
         with self._lock:
-            return len(self._active)
+            return self._executing() + len(self._unwritten)
+
+    def _submit_completion(self, item: completion.Completion) -> None:
+        """Hand a finished generation to the group commit; its slot is free from now."""
+        with self._lock:
+            self._handed_over.add(item.task_id)
+            self._unwritten.add(item.task_id)
+            self._idle.notify_all()
+        self._on_slot_freed()
+        self._completions.submit(item)
+
+    def _complete_group(
+        self, items: list[completion.Completion]
+    ) -> list[Exception | None]:
+        try:
+            return completion.complete_all(self._db, items)
+        finally:  # before the next group's leader counts who may still submit
+            with self._lock:
+                self._unwritten.difference_update(item.task_id for item in items)
 
     def busy(self) -> bool:
         with self._lock:
@@ -100,8 +133,8 @@ class Workers:
         is claimed at once.
         """
         with self._lock:
-            gather(self._idle, lambda: len(self._active),
-                   lambda: not (self._backlog and self._active),
+            gather(self._idle, self._executing,
+                   lambda: not (self._backlog and self._executing()),
                    gather_seconds=_GATHER_SECONDS, quiet_seconds=_QUIET_SECONDS)
 
     def claim(self) -> int:
@@ -135,7 +168,7 @@ class Workers:
     def _run(self, attempt: Attempt, verify: VerifyModel) -> None:
         try:
             outcome = execute(self._db, self._settings, attempt, verify=verify,
-                              complete=self._completions.submit)
+                              complete=self._submit_completion)
         except Exception:  # a database outage: the lease will expire and policy applies
             log.exception("task %s: attempt abandoned", attempt.task_id)
             outcome = Outcome.LOST
@@ -144,6 +177,8 @@ class Workers:
             _record_upstream_reports(self._db)
         with self._lock:
             del self._active[attempt.task_id]
+            self._handed_over.discard(attempt.task_id)
+            self._unwritten.discard(attempt.task_id)
             self.outcomes[outcome] += 1
             self._engines = [a for a in self._engines
                              if a.engine_thread is not None and a.engine_thread.is_alive()]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import psycopg
+import pytest
+
 from core.settings import Settings
 from core.states import OnRestart, Status
 from core.store.database import Database
@@ -52,3 +55,34 @@ def test_graceful_stop_lets_work_finish_until_the_deadline_then_hands_back_the_r
     assert (kept.status, kept.attempts, kept.owner_token) == (Status.RUNNING, 0, None)
     assert json.loads(kept.snapshot_json)["pos"] == len(streamed_text(db, resume).split())
     assert "response.queued" not in event_types(db, resume)
+
+
+def test_a_claim_fills_the_slots_whose_completions_still_wait_for_their_commit(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    """A slot is free once its attempt handed its completion to the group commit: the
+    next claim does not wait for that commit, and the completion still lands once."""
+    if db.is_sqlite:
+        pytest.skip("SQLite admits one writer at a time: a claim cannot overlap a commit")
+    settings = fast.model_copy(update={"worker_concurrency": 2})
+    first = [new_task(db, model_id, input="words=1") for _ in range(2)]
+    workers = Workers(db, settings)
+    dsn = db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    try:
+        with psycopg.connect(dsn) as blocker:  # their completion waits for these rows
+            blocker.execute("SELECT 1 FROM responses WHERE task_id = ANY(%s) FOR UPDATE",
+                            [first])
+            assert workers.claim() == 2
+            wait_until(lambda: workers.free_slots() == 2, timeout=10,
+                       what="both slots handed over")
+            later = [new_task(db, model_id, input="words=1") for _ in range(2)]
+            assert workers.claim() == 2
+            assert [task_row(db, t).status for t in first] == [Status.LOADING] * 2
+            blocker.rollback()
+        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 4, timeout=20,
+                   what="all four completed")
+    finally:
+        workers.stop(drain_seconds=5)
+    for task_id in first + later:
+        assert event_types(db, task_id).count("response.completed") == 1
+        assert task_row(db, task_id).status == Status.COMPLETED
