@@ -4,8 +4,12 @@ Each request is answered only after the transaction holding its task has committ
 exactly as with a plain `enqueue`; what changes is that the requests that arrived while
 the previous commit was in flight share the next one (`core.store.new_tasks.enqueue_many`).
 Under load a commit then carries tens of tasks for the price of one fsync; alone, a
-request commits by itself at once (there is no waiting for company). One drain loop
-per process keeps at most one batch in flight, so batches grow with the load.
+request commits by itself at once (there is no waiting for company). On SQLite one
+drain loop per process keeps at most one batch in flight (the store admits one writer
+anyway), so batches grow with the load. PostgreSQL commits several transactions at
+once: up to `PARALLEL_BATCHES` drain loops each take what is waiting, so a request
+that arrives during a commit does not wait for it to end (measured: under load the
+acknowledgement was mostly that wait) while batches still grow once they are all busy.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from core.store.new_tasks import Enqueued, NewTask, enqueue, enqueue_many
 from handlers.threads import writing
 
 MAX_BATCH = 128
+PARALLEL_BATCHES = 4
 
 _Pending = tuple[NewTask, IdempotencyClaim | None, "asyncio.Future[Enqueued]"]
 
@@ -27,14 +32,18 @@ class Enqueuer:
         self._db = db
         self._ttl_ms = idempotency_ttl_ms
         self._pending: list[_Pending] = []
-        self._drainer: asyncio.Task[None] | None = None  # held: the loop keeps tasks weakly
+        self._parallel = 1 if db.single_writer else PARALLEL_BATCHES
+        self._drainers: list[asyncio.Task[None]] = []  # held: the loop keeps tasks weakly
 
     async def enqueue(self, new: NewTask, claim: IdempotencyClaim | None) -> Enqueued:
         """What `core.store.new_tasks.enqueue` answers, once the task is committed."""
         answer: asyncio.Future[Enqueued] = asyncio.get_running_loop().create_future()
         self._pending.append((new, claim, answer))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+        # A drainer is done only once it found nothing pending (no await in between),
+        # so the request just added is taken by a live one or by the one started here.
+        self._drainers = [drainer for drainer in self._drainers if not drainer.done()]
+        if len(self._drainers) < self._parallel:
+            self._drainers.append(asyncio.get_running_loop().create_task(self._drain()))
         return await answer
 
     async def _drain(self) -> None:

@@ -82,3 +82,56 @@ def test_clients_may_share_a_key_in_one_batch(db: Database, model_id: str) -> No
     a_first, b_first, a_again = answers
     assert isinstance(a_again, Enqueued) and a_again.replayed
     assert a_again.task_id == a_first.task_id != b_first.task_id  # type: ignore[union-attr]
+
+
+def _stored(db: Database, task_id: str) -> bool:
+    with db.read() as conn:
+        return conn.execute(select(tasks.c.id).where(tasks.c.id == task_id)).first() is not None
+
+
+def test_no_answer_comes_before_its_commit(db: Database, model_id: str) -> None:
+    """Whatever batches carry them, each request hears its task only once another
+    connection can read it."""
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
+    seen_stored: list[bool] = []
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(0.001 * (i % 7))  # arrivals spread over several commits
+        answer = await enqueuer.enqueue(new(model_id), None)
+        seen_stored.append(_stored(db, answer.task_id))
+
+    async def burst() -> None:
+        await asyncio.gather(*(one(i) for i in range(60)))
+
+    asyncio.run(burst())
+    assert seen_stored == [True] * 60
+
+
+def test_postgresql_answers_a_request_while_an_earlier_batch_still_waits(
+    db: Database, model_id: str
+) -> None:
+    """Several batches are in flight on PostgreSQL: a request that arrives while an
+    earlier batch waits (here, on a key another transaction holds) is answered first."""
+    if db.single_writer:
+        pytest.skip("SQLite admits one writer at a time: one batch is in flight by design")
+    import psycopg
+
+    dsn = db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
+    order: list[str] = []
+
+    async def scenario(holder: psycopg.Connection[Any]) -> None:
+        waiting = asyncio.ensure_future(enqueuer.enqueue(new(model_id),
+                                                         IdempotencyClaim("held", "d")))
+        waiting.add_done_callback(lambda _f: order.append("waiting"))
+        await asyncio.sleep(0.5)  # its batch now waits for the holder's key
+        await asyncio.wait_for(enqueuer.enqueue(new(model_id), None), timeout=10)
+        order.append("later")
+        holder.rollback()  # the key is free: the first batch goes on
+        await waiting
+
+    with psycopg.connect(dsn) as holder:
+        holder.execute("INSERT INTO idempotency_keys VALUES ('c', 'held', 'd', 202, '', "
+                       "'resp_x', 0, 9999999999999)")
+        asyncio.run(scenario(holder))
+    assert order == ["later", "waiting"]
