@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Row
 from core.engines.base import Usage
 from core.states import Status
 from core.store.database import Database
-from core.store.transitions import Event, Held, PerRow, move
+from core.store.transitions import Event, Held, PerRow, insert_events, move
 from core.store.worker_writes import add_outputs, fenced, start_all, terminal_values
 
 
@@ -52,8 +52,9 @@ def complete_all(db: Database, completions: Sequence[Completion]) -> list[Except
 
     Each task's write is fenced on its own: one that lost its lease or is being
     cancelled changes nothing, and the others still complete. Set-based: one UPDATE for
-    the pending starts, one per distinct closing-event count (normally one), one events
-    insert each, one executemany for the output. With `start=True` a whole short
+    the pending starts, one per distinct closing-event count (normally one), ONE events
+    insert for all of them (a round trip each on PostgreSQL), one executemany for the
+    output. With `start=True` a whole short
     generation (`loading -> running -> completed`, each move with its event) costs no
     transaction of its own.
     """
@@ -85,15 +86,18 @@ def _rounds(completions: Sequence[Completion]) -> Iterator[dict[int, Completion]
 def _complete_batch(
     conn: Connection, now: int, batch: dict[int, Completion], failures: dict[int, Exception]
 ) -> None:
+    events: list[dict[str, Any]] = []  # every move's events, inserted at once below
     starting = {i: c for i, c in batch.items() if c.start}
     if starting:
-        _fail_unmoved(conn, starting, start_all(conn, now, _held_by(starting)), failures)
+        started = start_all(conn, now, _held_by(starting), event_rows=events)
+        _fail_unmoved(conn, starting, started, failures)
     running = {i: c for i, c in batch.items() if i not in failures}
     for group in _by_event_count(running):
         finished = move(conn, now=now, expected={Status.RUNNING}, where=_held_by(group),
                         to=Status.COMPLETED, events=_closing_events(group),
-                        values=terminal_values(now))
+                        values=terminal_values(now), event_rows=events)
         _fail_unmoved(conn, group, finished, failures)
+    insert_events(conn, events)
     outputs = [c for i, c in running.items() if i not in failures]
     if outputs:
         add_outputs(conn, now, [(c.task_id, c.text, c.usage) for c in outputs])

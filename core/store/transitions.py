@@ -120,6 +120,7 @@ def move(
     to: Status | None,
     events: PerRow | Sequence[Event],
     values: dict[str, Any] | None = None,
+    event_rows: list[dict[str, Any]] | None = None,
 ) -> list[Row[Any]]:
     """Move every task matching `where` and `expected` to `to`, appending its events.
 
@@ -127,6 +128,9 @@ def move(
     task.
     `values` may hold plain values, `Add`, `IfNull` or SQL expressions.
     Returns the updated rows (post-update values of `RETURNED`).
+    `event_rows`: collect the event rows there instead of inserting them now; the
+    caller inserts them (`insert_events`) later in the SAME transaction, which still
+    holds the rows' locks, so several moves of one transaction cost one insert.
 
     A `Held` or `Locked` target with no SQL expression among the values runs a
     statement built once per shape and reused: these are the worker's and the claim's
@@ -163,8 +167,17 @@ def move(
             for key, value in values.items()})
     rows = list(conn.execute(statement, params))
     if rows and count:
-        insert_rows(conn, task_events, list(_event_rows(rows, events, count, now)))
+        made = list(_event_rows(rows, events, count, now))
+        if event_rows is None:
+            insert_events(conn, made)
+        else:
+            event_rows.extend(made)
     return rows
+
+
+def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert event rows that `move` collected (`event_rows`), in one statement."""
+    insert_rows(conn, task_events, rows)
 
 
 _Target = Literal["one", "held", "locked"]  # one held task, several, claimed ones

@@ -68,10 +68,13 @@ def _start(conn: Connection, now: int, task_id: str, owner: str) -> None:
         raise fenced(conn, task_id, owner)
 
 
-def start_all(conn: Connection, now: int, held: Held) -> list[Row[Any]]:
-    """`loading -> running` for every task `held` names; the rows moved."""
+def start_all(
+    conn: Connection, now: int, held: Held, event_rows: list[dict[str, Any]] | None = None
+) -> list[Row[Any]]:
+    """`loading -> running` for every task `held` names; the rows moved (`event_rows`:
+    see `transitions.move`)."""
     return move(conn, now=now, expected={Status.LOADING}, where=held, to=Status.RUNNING,
-                events=[Event("response.in_progress")])
+                events=[Event("response.in_progress")], event_rows=event_rows)
 
 
 def append_output(
