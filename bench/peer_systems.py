@@ -80,11 +80,11 @@ def processes(commands: list[tuple[list[str], dict[str, str]]], logs: Path,
 def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
     """`sql` on a SQLite file or a PostgreSQL database named by a SQLAlchemy URL."""
     if url.startswith("sqlite"):
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        lite = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
         try:
-            return list(conn.execute(sql))
+            return list(lite.execute(sql))
         finally:
-            conn.close()
+            lite.close()
     with psycopg.connect(dsn(url), autocommit=True) as conn:
         cursor = conn.execute(sql)
         return list(cursor) if cursor.description else []

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -69,9 +69,9 @@ class Workers:
         self.claimed = 0
         self._keeper = LeaseKeeper(db, lease_ms=int(settings.lease_seconds * 1000),
                                    heartbeat_ms=int(settings.heartbeat_seconds * 1000))
-        self._completions = GroupCommit(self._complete_group, running=self._may_submit,
-                                        gather_seconds=_GATHER_SECONDS,
-                                        quiet_seconds=_QUIET_SECONDS)
+        self._completions: GroupCommit[completion.Completion] = GroupCommit(
+            self._complete_group, running=self._may_submit, gather_seconds=_GATHER_SECONDS,
+            quiet_seconds=_QUIET_SECONDS)
         # A slot's runner may still wait for its completion's commit while the slot's
         # next attempt runs: twice the threads, never more attempts than slots.
         self._executor = ThreadPoolExecutor(max_workers=2 * sum(self._slots.values()),
@@ -109,8 +109,8 @@ class Workers:
         self._completions.submit(item)
 
     def _complete_group(
-        self, items: list[completion.Completion]
-    ) -> list[Exception | None]:
+        self, items: Sequence[completion.Completion]
+    ) -> Sequence[BaseException | None]:
         try:
             return completion.complete_all(self._db, items)
         finally:  # before the next group's leader counts who may still submit

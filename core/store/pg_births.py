@@ -72,7 +72,7 @@ def _statement(keys: tuple[str, ...], notify: bool) -> Any:
          task_events.c.created_at, task_events.c.data],
         select(born.c.id, literal(1, Integer), literal("response.created", String),
                now, literal("{}", Text))).cte("created")
-    columns = [known.label("known"),
+    columns: list[Any] = [known.label("known"),
                select(func.array_agg(born.c.id)).scalar_subquery().label("ids")]
     if notify:
         columns.append(func.pg_notify(literal(WORK_CHANNEL, String), literal("", String)))
