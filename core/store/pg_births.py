@@ -46,7 +46,11 @@ def born_at_once(
     when a model is unknown; a task whose dedupe key is held is skipped. `notify`: the
     same statement NOTIFYs `WORK_CHANNEL` (`Database.announce_work(notified=True)`)."""
     statement = _statement(tuple(rows[0]), notify)
-    answer = conn.execute(statement, {"rows": rows_param(rows), "models": list(wanted_models),
+    # One order of dedupe keys for every batch: batches in flight side by side then
+    # wait for each other's keys in one direction only, never in a deadlock (stable,
+    # so the first request of a batch holding a key still wins it).
+    ordered = sorted(rows, key=lambda row: (row["client_id"], row["dedupe_key"] or ""))
+    answer = conn.execute(statement, {"rows": rows_param(ordered), "models": list(wanted_models),
                                       "wanted": len(wanted_models), "now": now}).one()
     return answer.known == len(wanted_models), set(answer.ids or ())
 
