@@ -72,8 +72,9 @@ def test_a_claim_fills_the_slots_whose_completions_still_wait_for_their_commit(
         with psycopg.connect(dsn) as blocker:  # their completion waits for these rows
             blocker.execute("SELECT 1 FROM responses WHERE task_id = ANY(%s) FOR UPDATE",
                             [first])
+            every = workers.free_slots()  # local slots and upstream ones
             assert workers.claim() == 2
-            wait_until(lambda: workers.free_slots() == 2, timeout=10,
+            wait_until(lambda: workers.free_slots() == every, timeout=10,
                        what="both slots handed over")
             later = [new_task(db, model_id, input="words=1") for _ in range(2)]
             assert workers.claim() == 2
