@@ -112,7 +112,10 @@ def test_the_http_page_lists_exactly_the_routes_of_the_app(tmp_path: Path) -> No
 def commands(group: click.Group, prefix: str = "taskward") -> dict[str, click.Command]:
     """Every runnable command by its full name (`taskward models add`)."""
     found: dict[str, click.Command] = {}
-    for name, command in group.commands.items():
+    context = click.Context(group)
+    for name in group.list_commands(context):  # the top group loads its commands lazily
+        command = group.get_command(context, name)
+        assert command is not None, name
         if isinstance(command, click.Group):
             found.update(commands(command, f"{prefix} {name}"))
         else:
