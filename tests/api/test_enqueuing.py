@@ -107,13 +107,13 @@ def test_no_answer_comes_before_its_commit(db: Database, model_id: str) -> None:
     assert seen_stored == [True] * 60
 
 
+# PostgreSQL only: SQLite admits one writer at a time, so one batch is in flight by design.
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_postgresql_answers_a_request_while_an_earlier_batch_still_waits(
     db: Database, model_id: str
 ) -> None:
     """Several batches are in flight on PostgreSQL: a request that arrives while an
     earlier batch waits (here, on a key another transaction holds) is answered first."""
-    if db.single_writer:
-        pytest.skip("SQLite admits one writer at a time: one batch is in flight by design")
     import psycopg
 
     dsn = db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)

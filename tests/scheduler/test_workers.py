@@ -57,13 +57,13 @@ def test_graceful_stop_lets_work_finish_until_the_deadline_then_hands_back_the_r
     assert "response.queued" not in event_types(db, resume)
 
 
+# PostgreSQL only: SQLite admits one writer at a time, so a claim cannot overlap a commit.
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_a_claim_fills_the_slots_whose_completions_still_wait_for_their_commit(
     db: Database, fast: Settings, model_id: str
 ) -> None:
     """A slot is free once its attempt handed its completion to the group commit: the
     next claim does not wait for that commit, and the completion still lands once."""
-    if db.is_sqlite:
-        pytest.skip("SQLite admits one writer at a time: a claim cannot overlap a commit")
     settings = fast.model_copy(update={"worker_concurrency": 2})
     first = [new_task(db, model_id, input="words=1") for _ in range(2)]
     workers = Workers(db, settings)
