@@ -9,7 +9,7 @@ from litestar.params import JSONBody
 from pydantic import Field, StringConstraints
 
 from core.bodies import StrictBody
-from core.clients import ADMIN, DEFAULT_SCOPES, SCOPES, client_object, parse_scopes
+from core.clients import DEFAULT_SCOPES, SCOPES, client_object, parse_scopes
 from core.errors import Forbidden
 from core.quotas import Limits
 from core.store.clients import (
@@ -103,7 +103,7 @@ async def change_client_limits(
     default). Honoured by this process at once, by every other within
     `poll_interval_ms`. Only an `admin` may limit an `admin` client."""
     row = await blocking(set_limits, services.db, client_id, data.model_dump(exclude_unset=True),
-                         by_admin=ADMIN in request.user.scopes)
+                         by=request.user)
     services.tokens.forget()
     return client_object(row)
 

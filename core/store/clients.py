@@ -22,7 +22,7 @@ from core.clients import (
     scope_set,
     scope_text,
 )
-from core.errors import Forbidden, NotFound, Unauthorized
+from core.errors import NotFound, Unauthorized
 from core.ids import hash_secret, new_secret, new_token, random_id, same_secret, sortable_id
 from core.quotas import LIMIT_NAMES, Limits
 from core.settings import Settings
@@ -167,11 +167,11 @@ def revoke(db: Database, client_id: str, *, by: Client | None = None) -> None:
 
 
 def set_limits(
-    db: Database, client_id: str, changes: dict[str, Any], *, by_admin: bool = True
+    db: Database, client_id: str, changes: dict[str, Any], *, by: Client | None = None
 ) -> Row[Any]:
     """Change some of a client's limits (None: back to the default); the client's row.
-    An `admin` client's limits change only `by_admin`: a `clients:admin` client must
-    not be able to throttle the admin out of its own service."""
+    `by` is the calling client (None: an operator), held to `require_may_manage`: a
+    `clients:admin` client must not be able to throttle the admin out of its service."""
     unknown = set(changes) - set(LIMIT_NAMES)
     if unknown:
         raise ValueError(f"not a limit: {sorted(unknown)[0]}")
@@ -179,8 +179,7 @@ def set_limits(
         row = conn.execute(select(clients.c.scopes).where(clients.c.id == client_id)).first()
         if row is None:
             raise NotFound("client_not_found", "no such client")
-        if ADMIN in scope_set(row.scopes) and not by_admin:
-            raise Forbidden("admin_client", "only an admin may change an admin client")
+        require_may_manage(by, scope_set(row.scopes))
         conn.execute(update(clients).where(clients.c.id == client_id)
                      .values(**changes, limits_changed_at=db.clock.now_ms()))
         return conn.execute(select(clients).where(clients.c.id == client_id)).one()

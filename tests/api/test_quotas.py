@@ -170,5 +170,5 @@ def test_only_an_admin_may_limit_an_admin_client(
 ) -> None:
     manager = caller(db, http, "clients:admin")
     refused = manager.patch(f"/v1/clients/{admin.id}", json={"requests_per_second": 0.1})
-    assert refused.status_code == 403 and refused.json()["code"] == "admin_client"
+    assert refused.status_code == 403 and refused.json()["code"] == "admin_required"
     assert admin.patch(f"/v1/clients/{manager.id}", json={"max_streams": 3}).status_code == 200
