@@ -31,6 +31,7 @@ from unittest import mock
 
 from sqlalchemy import bindparam
 
+import tests.engines  # noqa: F401  registers the `test.words` engine its model names
 from core.engines.base import Usage
 from core.models_registry import register
 from core.settings import Settings
@@ -74,8 +75,10 @@ def _url(kind: str, workdir: Path) -> Iterator[str]:
         yield url
 
 
-_FIFO = claims._candidates_query(IS_QUEUED, tasks.c.run_at <= bindparam("p_now"),
-                                 order=(tasks.c.run_at, tasks.c.id), with_output=False)
+_FIFO = {pool: claims._candidates_query(IS_QUEUED, tasks.c.run_at <= bindparam("p_now"),
+                                        models_term, order=(tasks.c.run_at, tasks.c.id),
+                                        with_output=False)
+         for pool, models_term in claims._POOLS.items()}
 
 
 @contextmanager

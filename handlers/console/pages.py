@@ -14,6 +14,7 @@ from core.errors import InvalidInput
 from core.ids import could_be_id
 from core.models_registry import could_be_model_id
 from core.objects import LIFECYCLE_STATUS, TERMINAL_EVENTS
+from core.priorities import HIGHEST_PRIORITY, LOWEST_PRIORITY
 from core.states import Status
 from handlers.console import reads
 from handlers.console.render import html
@@ -22,16 +23,19 @@ from handlers.params import Cursor, TaskId
 from handlers.services import Services
 
 Filter = Annotated[str | None, Parameter(max_length=200)]
+PRIORITY_NAMES = [str(p) for p in range(HIGHEST_PRIORITY, LOWEST_PRIORITY + 1)]
 # Every event type a task's log can hold (docs/events.md), for the live tail's listeners.
 EVENT_TYPES = (*LIFECYCLE_STATUS, "response.output_item.added", "response.content_part.added",
                "response.output_text.delta", "response.output_text.done",
                "response.content_part.done", "response.output_item.done")
 
 
-def task_filters(status: str | None, client: str | None, model: str | None) -> reads.TaskFilters:
+def task_filters(status: str | None, client: str | None, model: str | None,
+                 priority: str | None = None) -> reads.TaskFilters:
     """The list's filters from the query; an empty field means any (the filter form
     sends every field), a value no task can have is a 422."""
-    status, client, model = (value or None for value in (status, client, model))
+    status, client, model, priority = (value or None
+                                       for value in (status, client, model, priority))
     if status is not None and status not in set(Status):
         raise InvalidInput("validation_error", "status: not one of the task states",
                            extra={"field": "status"})
@@ -41,7 +45,11 @@ def task_filters(status: str | None, client: str | None, model: str | None) -> r
     if model is not None and not could_be_model_id(model):
         raise InvalidInput("validation_error", "model: not a model id",
                            extra={"field": "model"})
-    return reads.TaskFilters(Status(status) if status else None, client, model)
+    if priority is not None and priority not in PRIORITY_NAMES:
+        raise InvalidInput("validation_error", "priority: not one of 0..9",
+                           extra={"field": "priority"})
+    return reads.TaskFilters(Status(status) if status else None, client, model,
+                             None if priority is None else int(priority))
 
 
 def next_page(path: str, query: dict[str, str], cursor: str | None) -> str | None:
@@ -57,12 +65,13 @@ async def overview(session: Session, services: Services) -> Any:
 @get("/tasks")
 async def tasks(
     session: Session, services: Services, status: Filter = None,
-    client: Filter = None, model: Filter = None, after: Cursor = None,
+    client: Filter = None, model: Filter = None, priority: Filter = None,
+    after: Cursor = None,
 ) -> Any:
-    filters = task_filters(status, client, model)
+    filters = task_filters(status, client, model, priority)
     data = await reads.read_page(services.db, reads.task_list, filters, after)
     return html("tasks.html", session=session, page="tasks", view=data, filters=filters,
-                statuses=list(Status),
+                statuses=list(Status), priorities=PRIORITY_NAMES,
                 next_url=next_page("/console/tasks", filters.query(), data.next_cursor))
 
 

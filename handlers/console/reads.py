@@ -60,10 +60,12 @@ class TaskFilters:
     status: Status | None = None
     client_id: str | None = None
     model: str | None = None
+    priority: int | None = None
 
     def query(self) -> dict[str, str]:
         """The filters as query parameters, for links to further pages."""
-        wanted = {"status": self.status, "client": self.client_id, "model": self.model}
+        wanted = {"status": self.status, "client": self.client_id, "model": self.model,
+                  "priority": self.priority}
         return {key: str(value) for key, value in wanted.items() if value is not None}
 
 
@@ -78,7 +80,8 @@ class TaskList:
 def task_list(db: Database, _now: int, filters: TaskFilters, after: str | None,
               dead_lettered: bool = False) -> TaskList:
     rows, cursor = list_tasks(db, filters.client_id, status=filters.status, model=filters.model,
-                              dead_lettered=dead_lettered, limit=PAGE_SIZE, after=after)
+                              priority=filters.priority, dead_lettered=dead_lettered,
+                              limit=PAGE_SIZE, after=after)
     return TaskList([task_object(row) for row in rows], cursor,
                     {row.id: row.name for row in list_clients(db)},
                     [row.id for row in list_models(db)])

@@ -59,6 +59,15 @@ def test_the_task_list_filters_by_status_client_and_model(
     assert waiting not in console.page("/console/tasks?model=another")
 
 
+def test_the_task_list_filters_by_priority(console: Console, db: Database,
+                                           model_id: str) -> None:
+    urgent = new_task(db, model_id, priority=0)
+    usual = new_task(db, model_id)
+    listed = console.page("/console/tasks?priority=0")
+    assert urgent in listed and usual not in listed
+    assert usual in console.page("/console/tasks?priority=5")
+
+
 def test_the_task_list_pages_by_cursor_keeping_its_filters(console: Console, db: Database,
                                                            model_id: str) -> None:
     ids = [new_task(db, model_id) for _ in range(55)]  # the console shows 50 a page
