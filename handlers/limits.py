@@ -57,12 +57,13 @@ class ClientLimits:
                               "second; slow down", limit=rate,
                               retry_after=(1 - bucket.tokens) / rate)
 
-    def hold_stream(self, client: Client) -> Callable[[], None]:
-        """Count one more stream or wait of the client, or `too_many_streams`; returns
-        the function that ends it (calling it twice ends it once)."""
+    def hold_stream(self, client: Client, *, refuse: bool = True) -> Callable[[], None]:
+        """Count one more stream or wait of the client, or `too_many_streams` (unless
+        `refuse` is off: a replay is counted, never refused); returns the function that
+        ends it (calling it twice ends it once)."""
         limit = client.limits.effective(self._settings).max_streams or 0
         open_now = self._streams.get(client.id, 0)
-        if open_now >= limit:
+        if refuse and open_now >= limit:
             raise TooManyRequests("too_many_streams", f"this client may hold {limit} streams "
                                   "and waits at once; close one first", limit=limit,
                                   retry_after=1.0)

@@ -14,17 +14,20 @@ unchanged; `/v1/tasks` keeps the stricter task semantics (409 on a finished task
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from litestar import Response, delete, get, post
 from litestar.params import HeaderParameter, JSONBody, Parameter
 from litestar.response import Stream
 
-from core.errors import Conflict
+from core.clients import Client
+from core.errors import Conflict, TooManyRequests
 from core.idempotency import IdempotencyClaim, parse_key, request_digest
 from core.objects import deleted_object, response_object
 from core.requests import ResponseRequest, new_task
 from core.states import TERMINAL, Status
+from core.store.new_tasks import NewTask, dedupe_holder, is_recorded
 from core.store.tasks import cancel, delete_finished, get_response
 from handlers.answers import json_bytes, task_location
 from handlers.auth import ClientRequest, requires, token_still_valid
@@ -43,6 +46,23 @@ def _respond_async(prefer: str | None) -> bool:
     return prefer is not None and any(
         part.split(";")[0].strip().lower() == "respond-async" for part in prefer.split(",")
     )
+
+
+async def _stream_slot(
+    services: Services, client: Client, new: NewTask, claim: IdempotencyClaim | None
+) -> Callable[[], None]:
+    """The client's stream slot for this request. A request that creates nothing (it
+    repeats an answered Idempotency-Key, or an active task holds its dedupe key) is
+    never refused by `max_streams`; the store is asked only when the slot is refused."""
+    try:
+        return services.limits.hold_stream(client)
+    except TooManyRequests:
+        replay = claim is not None and await blocking(
+            is_recorded, services.db, client.id, claim.key)
+        if not replay and (new.dedupe_key is None
+                           or await blocking(dedupe_holder, services.db, new) is None):
+            raise
+        return services.limits.hold_stream(client, refuse=False)
 
 
 @post(RESPONSES_PATH, opt=requires("responses:create"), status_code=202,
@@ -65,7 +85,7 @@ async def create_response(
         claim = IdempotencyClaim(parse_key(idempotency_key), digest)
     answers_at_once = _respond_async(prefer) or (data.background and not data.stream)
     # A stream or a wait takes its slot before the task is stored: a refusal stores nothing.
-    held = None if answers_at_once else services.limits.hold_stream(client)
+    held = None if answers_at_once else await _stream_slot(services, client, new, claim)
     try:
         outcome = await services.enqueuer.enqueue(new, claim)
     except BaseException:

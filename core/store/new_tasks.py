@@ -115,7 +115,7 @@ def enqueue(
                                idempotency_ttl_ms=idempotency_ttl_ms)
         if isinstance(refusal, InvalidInput):
             raise
-        held = _dedupe_holder(db, new) if new.dedupe_key is not None else None
+        held = dedupe_holder(db, new) if new.dedupe_key is not None else None
         if held is not None:
             return held
         if isinstance(refusal, _OverQuota):
@@ -197,7 +197,7 @@ def _admitted(conn: Connection, news: Sequence[NewTask]) -> list[bool]:
     return admitted
 
 
-def _dedupe_holder(db: Database, new: NewTask) -> Enqueued | None:
+def dedupe_holder(db: Database, new: NewTask) -> Enqueued | None:
     """The answer of the active task holding the request's dedupe key, if one does."""
     with db.read() as conn:
         holder = conn.execute(

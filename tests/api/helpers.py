@@ -8,6 +8,8 @@ waiting on a sweeper process.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,15 @@ def complete_due(db: Database, text: str = "w0 w1 w2 ") -> list[str]:
     for claim in taken:
         finish(db, claim, text)
     return [claim.task_id for claim in taken]
+
+
+
+def complete_soon(db: Database, after: float = 0.3) -> threading.Thread:
+    """A worker that completes every due task `after` seconds from now."""
+    def work() -> None:
+        time.sleep(after)
+        complete_due(db)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    return worker

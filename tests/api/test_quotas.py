@@ -14,7 +14,7 @@ from core.store.clients import create_client
 from core.store.database import Database
 from core.tables import tasks
 from infra.app import serving_app
-from tests.api.helpers import Caller, caller, complete_due
+from tests.api.helpers import Caller, caller, complete_due, complete_soon
 
 WORK = ("responses:create", "tasks:read", "tasks:cancel", "models:read")
 
@@ -129,6 +129,29 @@ def test_streams_beyond_max_streams_are_refused_and_a_stream_refused_stores_noth
     finally:
         end()
     assert limited.get(f"/v1/tasks/{task_id}?wait=1").status_code == 200
+
+
+def test_a_streamed_replay_and_a_dedupe_hit_pass_when_every_stream_slot_is_held(
+    db: Database, http: TestClient[Any], model_id: str
+) -> None:
+    limited = _limited(db, http, max_streams=1)
+    worker = complete_soon(db)
+    first = _create(limited, model_id, {"Idempotency-Key": "streamed"}, stream=True)
+    worker.join()
+    assert first.status_code == 200 and "response.completed" in first.text
+    assert _create(limited, model_id, dedupe_key="one").status_code == 202
+    holder = Client(limited.id, "limited", frozenset(WORK), Limits(max_streams=1))
+    end = http.app.state.services.limits.hold_stream(holder)  # the one slot is taken
+    try:
+        assert _create(limited, model_id, stream=True).status_code == 429
+        replay = _create(limited, model_id, {"Idempotency-Key": "streamed"}, stream=True)
+        assert replay.status_code == 200 and replay.text == first.text
+        hit = _create(limited, model_id, stream=True, dedupe_key="one")
+        assert hit.status_code == 200 and hit.headers["dedupe-hit"] == "true"
+        assert _create(limited, model_id, stream=True, dedupe_key="two").status_code == 429
+        assert _stored(db, limited.id) == 2
+    finally:
+        end()
 
 
 def test_limits_are_set_by_patch_and_shown_on_the_client(

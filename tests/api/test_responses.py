@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,24 +11,13 @@ from litestar.testing import TestClient
 from core.settings import Settings
 from core.store.database import Database
 from infra.app import serving_app
-from tests.api.helpers import Caller, caller, complete_due
+from tests.api.helpers import Caller, caller, complete_due, complete_soon
 
 
 def create(who: Caller, model_id: str, **fields: Any) -> Any:
     headers = fields.pop("headers", None)
     return who.post("/v1/responses", json={"model": model_id, "input": "words=3", **fields},
                     headers=headers)
-
-
-def complete_soon(db: Database, after: float = 0.3) -> threading.Thread:
-    """A worker that completes every due task `after` seconds from now."""
-    def work() -> None:
-        time.sleep(after)
-        complete_due(db)
-
-    worker = threading.Thread(target=work)
-    worker.start()
-    return worker
 
 
 def test_create_answers_202_with_location_after_persisting(alice: Caller, model_id: str) -> None:
