@@ -1,0 +1,177 @@
+"""Statements, round trips and CPU seconds per no-op task of the sweeper's hot path.
+
+Run from the repository root: `.venv/bin/python -m bench.round_trips [--tasks N]`.
+
+One in-process pass (`scheduler.claiming.execute_due`, 16 slots, the deterministic
+test engine with `words=1`) drains N tasks committed beforehand, on SQLite and on
+PostgreSQL. Every statement is counted (SQLAlchemy `before_cursor_execute`) under the
+store operation that sent it (claim, model check, start, flush, completion), and so
+are the transactions; on PostgreSQL psycopg sends BEGIN and COMMIT as round trips of
+their own, so round trips = statements + 2 per transaction there. The CPU figure is
+this process's CPU time during the pass (all its threads) per task: unlike wall time
+it hardly depends on what else runs on the machine. `--lone N` runs N passes of one
+task each instead: a lone task's life (its claim, the claims that find nothing
+after it, its model check and completion).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+
+import scheduler.workers
+import tests.engines  # noqa: F401  registers the `test.words` engine its model names
+from core.models_registry import register
+from core.settings import Settings
+from core.store import claims, completion, worker_writes
+from core.store.connect import create_db_engine
+from core.store.database import Database
+from core.store.new_tasks import NewTask, insert_task
+from infra.migrate import upgrade
+from scheduler.claiming import execute_due
+from tests.databases import private_pg_database
+
+MODEL = "words"
+_phase = threading.local()
+
+
+def _tagged(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    @wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        outer = getattr(_phase, "name", None)
+        _phase.name = outer or name
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _phase.name = outer
+    return run
+
+
+@contextmanager
+def _phases() -> Iterator[None]:
+    """Tag every statement with the store operation of the hot path that sent it."""
+    patched = [(claims, "claim"), (completion, "complete_all"),
+               (worker_writes, "start_running"), (worker_writes, "append_output"),
+               (scheduler.workers, "verified_model_file")]
+    saved = [(module, name, getattr(module, name)) for module, name in patched]
+    for module, name, function in saved:
+        setattr(module, name, _tagged(name, function))
+    try:
+        yield
+    finally:
+        for module, name, function in saved:
+            setattr(module, name, function)
+
+
+@contextmanager
+def _store(kind: str, workdir: Path) -> Iterator[Settings]:
+    models_dir = workdir / "models"
+    models_dir.mkdir(exist_ok=True)
+    (models_dir / "words.bin").write_bytes(b"no-op model\n")
+    if kind == "sqlite":
+        url = f"sqlite:///{workdir / f'rt-{time.time_ns()}.db'}"
+        context = None
+    else:
+        context = private_pg_database()
+        url = context.__enter__()
+    try:
+        settings = Settings(database_url=url, models_dir=models_dir, node_id="bench",
+                            worker_concurrency=16, engine_modules="tests.engines")
+        db = Database(create_db_engine(settings))
+        upgrade(db.engine)
+        register(db, models_dir, "words.bin", model_id=MODEL, engine="test.words")
+        db.dispose()
+        yield settings
+    finally:
+        if context is not None:
+            context.__exit__(None, None, None)
+
+
+def measure(settings: Settings, count: int, passes: int = 1) -> dict[str, Any]:
+    """Figures of `passes` passes over `count` tasks each."""
+    db = Database(create_db_engine(settings))
+    statements: Counter[str] = Counter()
+    transactions: Counter[str] = Counter()
+
+    def counted(*_args: Any) -> None:
+        statements[getattr(_phase, "name", None) or "other"] += 1
+
+    def began(*_args: Any) -> None:
+        transactions[getattr(_phase, "name", None) or "other"] += 1
+
+    event.listen(db.engine, "before_cursor_execute", counted)
+    event.listen(db.engine, "begin", began)
+    cpu = wall = 0.0
+    completed = 0
+    try:
+        for _ in range(passes):
+            _enqueue(db, count)
+            with _phases():
+                cpu, wall = cpu - time.process_time(), wall - time.perf_counter()
+                completed += execute_due(db, settings, stop=threading.Event())["completed"]
+                cpu, wall = cpu + time.process_time(), wall + time.perf_counter()
+    finally:
+        event.remove(db.engine, "before_cursor_execute", counted)
+        event.remove(db.engine, "begin", began)
+        db.dispose()
+    if completed != count * passes:
+        raise RuntimeError(f"the passes completed {completed} of {count * passes}")
+    return {"statements": dict(statements), "transactions": dict(transactions),
+            "cpu_ms_per_task": 1000 * cpu / completed, "tasks_per_s": completed / wall}
+
+
+def _enqueue(db: Database, count: int) -> None:
+    request = json.dumps({"model": MODEL, "input": "words=1"})
+    with db.write() as conn:
+        now = db.clock.now_ms()
+        for _ in range(count):
+            insert_task(db, conn, NewTask(client_id="bench", model=MODEL,
+                                          request_json=request), now)
+
+
+def report(kind: str, figures: dict[str, Any], count: int) -> str:
+    per_round_trip = 0 if kind == "sqlite" else 2  # psycopg: BEGIN and COMMIT
+    lines = [f"{kind}: {figures['cpu_ms_per_task']:.2f} CPU-ms per task, "
+             f"{figures['tasks_per_s']:.0f} tasks/s (wall, noisy)"]
+    phases = sorted(set(figures["statements"]) | set(figures["transactions"]))
+    total_s = total_rt = 0
+    for phase in phases:
+        s = figures["statements"].get(phase, 0)
+        t = figures["transactions"].get(phase, 0)
+        rt = s + per_round_trip * t
+        total_s, total_rt = total_s + s, total_rt + rt
+        lines.append(f"  {phase:20} {s / count:6.2f} statements/task  {t / count:5.2f} "
+                     f"transactions/task  {rt / count:6.2f} round trips/task "
+                     f"({s} statements, {t} transactions)")
+    lines.append(f"  {'all':20} {total_s / count:6.2f} statements/task  "
+                 f"{total_rt / count:6.2f} round trips/task")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--stores", default="sqlite,postgresql")
+    parser.add_argument("--lone", type=int, default=0, help="passes of one task each")
+    args = parser.parse_args()
+    count, passes = (1, args.lone) if args.lone else (args.tasks, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.stores.split(","):
+            with _store(kind, Path(tmp)) as settings:
+                figures = measure(settings, count, passes)
+                print(report(kind, figures, count * passes), flush=True)
+
+
+if __name__ == "__main__":
+    main()

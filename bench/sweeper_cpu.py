@@ -1,0 +1,76 @@
+"""CPU seconds per no-op task of real `taskward sweeper` processes draining a backlog.
+
+Run from the repository root: `.venv/bin/python -m bench.sweeper_cpu [--tasks N]`.
+
+The sweepers (2 × 16 slots by default, as in `bench/peers.py`'s drain) are started
+and left to finish their start-up; their CPU time (user + system, all threads, from
+/proc/<pid>/stat) is read, N no-op tasks are committed in one transaction, and the
+CPU is read again once every task has completed. Start-up and idle polling are thus
+left out: the figure is the work per task, which, unlike the wall-clock rate beside
+it, hardly depends on what else runs on this shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from bench.throughput import completed, enqueue_at_once, processes, store
+from core.settings import Settings
+from core.store.connect import create_db_engine
+from core.store.database import Database
+from tests.scheduler.processes import environment, wait_until
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def measure(settings: Settings, sweepers: int, count: int, slots: int,
+            logs: Path) -> tuple[float, float]:
+    """(CPU ms per task of all sweepers together, tasks per second)."""
+    env = environment(settings, worker_concurrency=slots)
+    commands = [({**env, "TASKWARD_NODE_ID": f"cpu-{i}"}, ["sweeper"]) for i in range(sweepers)]
+    db = Database(create_db_engine(settings))
+    try:
+        with processes(commands, logs) as children:
+            wait_until(lambda: len([p for p in logs.glob("*-sweeper.log")
+                                    if "sweeper started" in p.read_text()]) == sweepers,
+                       timeout=60, what="sweepers up")
+            time.sleep(0.5)  # the start-up's last steps after the log line
+            before = sum(cpu_seconds(child.pid) for child in children)
+            start = enqueue_at_once(db, count)
+            wait_until(lambda: completed(db) >= count, timeout=900, what="all completed")
+            wall = time.perf_counter() - start
+            after = sum(cpu_seconds(child.pid) for child in children)
+        return 1000 * (after - before) / count, count / wall
+    finally:
+        db.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=5000)
+    parser.add_argument("--sweepers", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--stores", default="postgresql,sqlite")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="taskward-cpu-") as tmp:
+        for kind in args.stores.split(","):
+            logs = Path(tmp) / f"logs-{kind}"
+            logs.mkdir()
+            with store(kind, Path(tmp)) as settings:
+                cpu_ms, rate = measure(settings, args.sweepers, args.tasks, args.slots, logs)
+            print(f"{kind:10} {args.sweepers} sweeper(s) x {args.slots} slots: "
+                  f"{cpu_ms:.3f} CPU-ms per task, {rate:.0f} tasks/s (wall, noisy)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
