@@ -18,13 +18,13 @@ from sqlalchemy import Connection, Row, bindparam, func, select, update
 from core.engines.base import Usage
 from core.ids import new_owner_token
 from core.states import OnRestart, Status
-from core.store import capacity
+from core.store import capacity, pg_claims
 from core.store.database import Database
 from core.store.line import place_due
 from core.store.transitions import Add, Event, Held, IfNull, Locked, PerRow, move
 from core.tables import IS_IN_LINE, IS_LEASED, responses, task_events, tasks
 
-MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
+MAX_ATTEMPTS_EXCEEDED = pg_claims.DEAD_LETTER_ERROR["code"]
 
 @dataclass(frozen=True)
 class Claim:
@@ -59,9 +59,24 @@ def claim(
         return []
     with db.write() as conn:
         now = db.clock.now_ms()
-        limits = capacity.upstream_limits(conn)
+        owner = new_owner_token()
         place_due(conn, now)
-        resumable, queued = _due(conn, _LOCAL, list(limits), now, limit)
+        local: list[Claim] = []
+        if db.writes_in_one_statement:  # the local pool in one round trip
+            if limit > 0:
+                rows, upstream_models = pg_claims.claim_local(
+                    conn, now=now, limit=limit, owner=owner, lease_until=now + lease_ms,
+                    node_id=node_id)
+                local = [_claim(row, row.attempts, owner, False) for row in rows]
+            else:
+                upstream_models = True
+            limits = capacity.upstream_limits(conn) if upstream_models and upstream_limit > 0 \
+                else {}
+            resumable: list[Row[Any]] = []
+            queued: list[Row[Any]] = []
+        else:
+            limits = capacity.upstream_limits(conn)
+            resumable, queued = _due(conn, _LOCAL, list(limits), now, limit)
         if upstream_limit > 0 and limits:
             more = _due(conn, _UPSTREAM, capacity.with_room(conn, limits, now), now,
                         upstream_limit)
@@ -71,7 +86,6 @@ def claim(
             # The lease starts after the models' locks were granted: a claim that waited
             # for another claimer's commit is not dated before what it then counted.
             now = db.clock.now_ms()
-        owner = new_owner_token()
         # A new attempt starts without the previous one's error: a task that failed once
         # and then completed must not report that failure.
         lease = {"owner_token": owner, "lease_expires_at": now + lease_ms, "node_id": node_id,
@@ -82,8 +96,8 @@ def claim(
                        {**lease, "snapshot_json": None})
         if queued:
             reset_output(conn, [row.id for row, _ in taken if row.status == Status.LOADING], now)
-        return [_claim(candidate, row.attempts, owner, candidate.model in limits)
-                for row, candidate in taken]
+        return local + [_claim(candidate, row.attempts, owner, candidate.model in limits)
+                        for row, candidate in taken]
 
 
 def _due(
@@ -192,7 +206,7 @@ def _claim(candidate: Row[Any], attempt: int, owner: str, upstream: bool) -> Cla
 
 def dead_letter(conn: Connection, now: int, where: Held | Locked, *, expected: Status) -> int:
     """Fail tasks whose attempts are spent, marked as dead letters; how many."""
-    error = {"code": MAX_ATTEMPTS_EXCEEDED, "message": "the task used all its attempts"}
+    error = pg_claims.DEAD_LETTER_ERROR
     return len(move(conn, now=now, expected={expected}, where=where, to=Status.FAILED,
                     events=[Event("response.failed", {"error": error, "dead_lettered": True})],
                     values={"finished_at": now, "owner_token": None, "lease_expires_at": None,

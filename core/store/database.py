@@ -4,7 +4,8 @@ A write transaction on SQLite starts with `BEGIN IMMEDIATE`, so the write lock i
 taken up front and two writers never deadlock on a lock upgrade; on PostgreSQL a plain
 `BEGIN` plus `FOR UPDATE SKIP LOCKED` in the claim does the same job. Callers never
 branch on the dialect: they ask this module's named abilities (`single_writer`,
-`listener`, `recovery_scope`), or `core.store.bulk` for many-row writes.
+`writes_in_one_statement`, `listener`, `recovery_scope`), or `core.store.bulk` for
+many-row writes.
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ class Database:
         """True when the store admits one writer at a time (SQLite): callers that queue
         writes of their own gain nothing from running more than one at once."""
         return self.is_sqlite
+
+    @property
+    def writes_in_one_statement(self) -> bool:
+        """True when one statement may write several tables (PostgreSQL's data-modifying
+        CTEs): a hot path then saves the round trips of its separate statements."""
+        return not self.is_sqlite
 
     def recovery_scope(self, node_id: str, *, all_nodes: bool = False) -> str | None:
         """The node whose leftover tasks a cold start may recover (None: every task).

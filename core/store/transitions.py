@@ -175,6 +175,11 @@ def move(
     return rows
 
 
+def encoded(data: dict[str, Any]) -> str:
+    """An event's data as the log stores it."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
 def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """Insert event rows that `move` collected (`event_rows`), in one statement."""
     insert_rows(conn, task_events, rows)
@@ -270,5 +275,5 @@ def _event_rows(
                 "seq": first + offset,
                 "type": item.type,
                 "created_at": now,
-                "data": json.dumps(item.data, separators=(",", ":"), ensure_ascii=False),
+                "data": encoded(item.data),
             }

@@ -1,0 +1,116 @@
+"""The claim of local-engine work on PostgreSQL in ONE statement.
+
+`core.store.claims` on its own sends, per claim, a read of the upstream limits, the
+resumable and the queued candidates (`FOR UPDATE SKIP LOCKED`), the UPDATE of
+`core.store.transitions.move`, the events INSERT and the output reset: six round
+trips besides BEGIN and COMMIT, and on PostgreSQL those round trips, not the work,
+bound how fast a sweeper drains short tasks. Here the same candidates, in the same
+order and with the same locks, are selected, moved, dead-lettered, logged and reset
+by data-modifying CTEs of one statement, with the same values and event rows as
+`move` writes: `last_seq` is bumped by the UPDATE that holds the row lock and each
+event takes the number that bump implies, so the log stays gapless. The local pool
+excludes upstream models by a subquery instead of a list read beforehand; the one
+row that always comes back also says whether upstream models exist, so the caller
+reads their limits (and claims their pool, `core.store.capacity`) only then.
+SQLite (no data-modifying CTEs, and no round trips) keeps the separate statements.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import BigInteger, Connection, Integer, Row, String, Text, bindparam, text
+
+from core.states import Status
+from core.store.transitions import encoded
+
+DEAD_LETTER_ERROR = {"code": "max_attempts_exceeded", "message": "the task used all its attempts"}
+
+
+def claim_local(
+    conn: Connection, *, now: int, limit: int, owner: str, lease_until: int, node_id: str
+) -> tuple[list[Row[Any]], bool]:
+    """Claim up to `limit` due tasks of local models (resumable first, then the fair
+    line), dead-lettering those whose attempts are spent; (the rows claimed, whether
+    any upstream model exists). The rows have the fields `claims.Claim` is made of."""
+    rows = conn.execute(_CLAIM, {"now": now, "limit": limit, "owner": owner,
+                                 "lease": lease_until, "node": node_id, **_DEAD}).all()
+    taken = sorted((row for row in rows if row.id is not None), key=_claim_order)
+    return taken, bool(rows[0].upstream_models)
+
+
+def _claim_order(row: Row[Any]) -> tuple[Any, ...]:
+    """Resumable tasks first, oldest first; then the fair line's order."""
+    if row.status == Status.RUNNING:
+        return (0, row.run_at, 0, row.id)
+    return (1, row.priority, row.vtime, row.id)
+
+
+# Written out rather than built with SQLAlchemy: the built statement came to 4,600
+# characters and 40 parameters, past the sizes psycopg caches the parsing of, and
+# building its parameters cost more CPU than any other step of a claim. The partial
+# index predicates are the literal terms of `core.tables` (IS_LEASED, IS_IN_LINE).
+_CLAIM = text("""
+WITH resumable AS (
+  SELECT tasks.id FROM tasks JOIN responses ON responses.task_id = tasks.id
+  WHERE status IN ('loading', 'running', 'cancelling') AND tasks.status = 'running'
+    AND tasks.on_restart = 'resume'
+    AND (tasks.lease_expires_at IS NULL OR tasks.lease_expires_at <= :now)
+    AND tasks.model NOT IN (SELECT id FROM models WHERE max_concurrency IS NOT NULL)
+  ORDER BY tasks.run_at, tasks.id
+  LIMIT :limit FOR UPDATE OF tasks SKIP LOCKED),
+queued AS (
+  SELECT tasks.id FROM tasks
+  WHERE status = 'queued' AND vtime IS NOT NULL AND tasks.run_at <= :now
+    AND tasks.model NOT IN (SELECT id FROM models WHERE max_concurrency IS NOT NULL)
+  ORDER BY tasks.priority, tasks.vtime, tasks.id
+  LIMIT :limit - (SELECT count(*) FROM resumable) FOR UPDATE OF tasks SKIP LOCKED),
+candidates AS (SELECT id FROM resumable UNION ALL SELECT id FROM queued),
+claimed AS (
+  UPDATE tasks SET
+    status = CASE WHEN status = 'running' THEN 'running' ELSE 'loading' END,
+    owner_token = :owner, lease_expires_at = :lease, node_id = :node,
+    attempts = attempts + 1, started_at = coalesce(started_at, :now),
+    error_code = NULL, error_message = NULL,
+    snapshot = CASE WHEN status = 'running' THEN snapshot END,
+    updated_at = :now, last_seq = last_seq + 1
+  WHERE id = ANY(ARRAY(SELECT id FROM candidates)) AND status IN ('running', 'queued')
+    AND attempts < max_attempts
+  RETURNING id, status, attempts, last_seq, model, request AS request_json,
+    snapshot AS snapshot_json, run_at, priority, vtime,
+    (SELECT count(*) FROM task_events AS e
+     WHERE e.task_id = tasks.id AND e.type = 'response.output_item.added') AS items_opened,
+    CASE WHEN status = 'running' THEN (SELECT r.output_text FROM responses AS r
+                                       WHERE r.task_id = tasks.id) ELSE '' END AS output_text,
+    CASE WHEN status = 'running' THEN (SELECT r.input_tokens FROM responses AS r
+                                       WHERE r.task_id = tasks.id) ELSE 0 END AS input_tokens,
+    CASE WHEN status = 'running' THEN (SELECT r.output_tokens FROM responses AS r
+                                       WHERE r.task_id = tasks.id) ELSE 0 END AS output_tokens),
+dead AS (
+  UPDATE tasks SET status = 'failed', finished_at = :now, owner_token = NULL,
+    lease_expires_at = NULL, error_code = :dead_code, error_message = :dead_message,
+    dead_lettered = 1, updated_at = :now, last_seq = last_seq + 1
+  WHERE id = ANY(ARRAY(SELECT id FROM candidates)) AND status IN ('running', 'queued')
+    AND attempts >= max_attempts
+  RETURNING id, last_seq),
+logged AS (
+  INSERT INTO task_events (task_id, seq, type, created_at, data)
+  SELECT id, last_seq,
+    CASE WHEN status = 'running' THEN 'response.in_progress' ELSE 'response.loading' END,
+    :now, '{"attempt":' || attempts || '}'
+  FROM claimed
+  UNION ALL SELECT id, last_seq, 'response.failed', :now, :dead_data FROM dead),
+reset AS (
+  UPDATE responses SET output_text = '', input_tokens = 0, output_tokens = 0, updated_at = :now
+  WHERE task_id = ANY(ARRAY(SELECT id FROM claimed WHERE status = 'loading'))
+    AND (output_text <> '' OR input_tokens <> 0 OR output_tokens <> 0))
+SELECT flag.upstream_models, claimed.*
+FROM (SELECT EXISTS (SELECT FROM models WHERE max_concurrency IS NOT NULL) AS upstream_models)
+  AS flag
+LEFT JOIN claimed ON true
+""").bindparams(bindparam("now", type_=BigInteger), bindparam("limit", type_=Integer),
+                bindparam("lease", type_=BigInteger), bindparam("owner", type_=String),
+                bindparam("node", type_=String), bindparam("dead_code", type_=String),
+                bindparam("dead_message", type_=String), bindparam("dead_data", type_=Text))
+_DEAD = {"dead_code": DEAD_LETTER_ERROR["code"], "dead_message": DEAD_LETTER_ERROR["message"],
+         "dead_data": encoded({"error": DEAD_LETTER_ERROR, "dead_lettered": True})}
