@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Row
 from core.engines.base import Usage
 from core.states import Status
 from core.store.database import Database
+from core.store.pg_completion import complete_at_once
 from core.store.transitions import Event, Held, PerRow, insert_events, move
 from core.store.worker_writes import add_outputs, fenced, start_all, terminal_values
 
@@ -54,9 +55,9 @@ def complete_all(db: Database, completions: Sequence[Completion]) -> list[Except
     cancelled changes nothing, and the others still complete. Set-based: one UPDATE for
     the pending starts, one per distinct closing-event count (normally one), ONE events
     insert for all of them (a round trip each on PostgreSQL), one executemany for the
-    output. With `start=True` a whole short
-    generation (`loading -> running -> completed`, each move with its event) costs no
-    transaction of its own.
+    output; on PostgreSQL all of that is one statement (`core.store.pg_completion`).
+    With `start=True` a whole short generation (`loading -> running -> completed`, each
+    move with its event) costs no transaction of its own.
     """
     if not completions:
         return []
@@ -64,7 +65,11 @@ def complete_all(db: Database, completions: Sequence[Completion]) -> list[Except
     with db.write() as conn:
         now = db.clock.now_ms()
         for batch in _rounds(completions):
-            _complete_batch(conn, now, batch, failures)
+            if db.writes_in_one_statement:
+                moved = complete_at_once(conn, now, list(batch.values()))
+                _fail_unmoved(conn, batch, moved, failures)
+            else:
+                _complete_batch(conn, now, batch, failures)
     return [failures.get(i) for i in range(len(completions))]
 
 
@@ -121,10 +126,10 @@ def _closing_events(group: dict[int, Completion]) -> PerRow:
 
 
 def _fail_unmoved(
-    conn: Connection, tried: dict[int, Completion], moved: list[Row[Any]],
+    conn: Connection, tried: dict[int, Completion], moved: list[Row[Any]] | set[str],
     failures: dict[int, Exception],
 ) -> None:
-    done = {row.id for row in moved}
+    done = moved if isinstance(moved, set) else {row.id for row in moved}
     for i, c in tried.items():
         if c.task_id not in done:
             failures[i] = fenced(conn, c.task_id, c.owner)

@@ -1,0 +1,104 @@
+"""Completing a batch of attempts on PostgreSQL in ONE statement.
+
+`core.store.completion` on its own sends the pending `loading -> running` UPDATE, the
+`running -> completed` UPDATE, the events INSERT and the output executemany: four
+round trips besides BEGIN and COMMIT per group commit. Here the completions travel as
+one JSON parameter and the events as another; one UPDATE fences each task on its own
+(`(id, owner_token, expected state)`, as `transitions.Held` does), bumps `last_seq`
+by the task's own number of events under the row lock, and data-modifying CTEs insert
+the events with the numbers that bump implies and append the output of exactly the
+tasks it moved. A pending start rides along as its `response.in_progress` event: the
+task's row ends `completed` with the same columns and the same log as after the two
+moves. SQLite (no data-modifying CTEs, and no round trips) keeps the separate moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    String,
+    Text,
+    bindparam,
+    func,
+    insert,
+    select,
+    tuple_,
+    update,
+)
+
+from core.states import Status
+from core.store.bulk import json_rows, rows_param
+from core.store.transitions import Event, encoded
+from core.tables import responses, task_events, tasks
+
+if TYPE_CHECKING:
+    from core.store.completion import Completion
+
+_STARTED = Event("response.in_progress")  # `worker_writes.start_all`'s event
+_COMPLETED = Event("response.completed")
+
+
+def complete_at_once(conn: Connection, now: int, completions: Sequence[Completion]) -> set[str]:
+    """Complete `completions` (each task named once); the ids of the tasks moved. A
+    task not moved (its lease lost, a cancel requested) got no event and no output."""
+    done, events = [], []
+    for c in completions:
+        logged = [*([_STARTED] if c.start else []), *c.closing, _COMPLETED]
+        done.append({"id": c.task_id, "owner": c.owner, "n": len(logged),
+                     "expected": (Status.LOADING if c.start else Status.RUNNING).value,
+                     "text": c.text, "input_tokens": c.usage.input_tokens,
+                     "output_tokens": c.usage.output_tokens})
+        # Numbered back from the task's new `last_seq`: the last event is `last_seq`.
+        events += [{"task_id": c.task_id, "back": len(logged) - 1 - i, "type": e.type,
+                    "data": encoded(e.data)} for i, e in enumerate(logged)]
+    moved = conn.execute(_COMPLETE, {"p_now": now, "p_done": rows_param(done),
+                                     "p_events": rows_param(events)}).scalar_one()
+    return set(moved or ())
+
+
+def _statement() -> Any:
+    now = bindparam("p_now", type_=BigInteger)
+    given = select(*json_rows("postgresql", "p_done", [
+        ("id", String()), ("owner", String()), ("expected", String()), ("n", Integer()),
+        ("text", Text()), ("input_tokens", Integer()), ("output_tokens", Integer()),
+    ]).c).cte("given")
+
+    def of_task(column: Any, task_id: Any) -> Any:
+        return select(column).where(given.c.id == task_id).scalar_subquery()
+
+    # Found by primary key, then fenced: never a join that could scan `tasks`.
+    done = (
+        update(tasks)
+        .where(tasks.c.id == func.any(func.array(select(given.c.id).scalar_subquery())),
+               tuple_(tasks.c.id, tasks.c.owner_token, tasks.c.status).in_(
+                   select(given.c.id, given.c.owner, given.c.expected)))
+        .values(status=Status.COMPLETED.value,
+                last_seq=tasks.c.last_seq + of_task(given.c.n, tasks.c.id),
+                updated_at=now, finished_at=now, owner_token=None, lease_expires_at=None)
+        .returning(tasks.c.id, tasks.c.last_seq)
+        .cte("done"))
+    events = json_rows("postgresql", "p_events", [
+        ("task_id", String()), ("back", Integer()), ("type", String()), ("data", Text())])
+    logged = insert(task_events).from_select(
+        [task_events.c.task_id, task_events.c.seq, task_events.c.type,
+         task_events.c.created_at, task_events.c.data],
+        select(events.c.task_id, done.c.last_seq - events.c.back, events.c.type, now,
+               events.c.data).join(done, done.c.id == events.c.task_id)).cte("logged")
+    # `worker_writes.add_outputs`: the last text appended, the final usage set.
+    task_id = responses.c.task_id
+    outputs = (
+        update(responses)
+        .where(task_id == func.any(func.array(select(done.c.id).scalar_subquery())))
+        .values(output_text=responses.c.output_text + of_task(given.c.text, task_id),
+                input_tokens=of_task(given.c.input_tokens, task_id),
+                output_tokens=of_task(given.c.output_tokens, task_id), updated_at=now)
+        .cte("outputs"))
+    return select(func.array_agg(done.c.id)).add_cte(logged, outputs)
+
+
+_COMPLETE = _statement()
