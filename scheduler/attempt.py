@@ -60,9 +60,11 @@ class Attempt:
         self._renewal_failed = False
         self._renewing_since_ms: int | None = None
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._flags = {reason: threading.Event() for reason in
-                       (StopReason.LOST, StopReason.CANCEL, StopReason.HAND_BACK)}
-        self._ended = threading.Event()
+        # Raised by other threads, never waited on: a set's `add` and `in` are atomic,
+        # and three `threading.Event`s (a lock and a condition each) cost more to make
+        # than the rest of a no-op attempt's bookkeeping.
+        self._flags: set[StopReason] = set()
+        self._ended = False
         self.engine_stopped = False  # set once `should_stop` has told the engine to stop
         self.engine_thread: threading.Thread | None = None
 
@@ -72,7 +74,7 @@ class Attempt:
 
     def raise_flag(self, reason: StopReason) -> None:
         """Ask the attempt to stop (thread-safe, idempotent)."""
-        self._flags[reason].set()
+        self._flags.add(reason)
         self.inbox.put(WAKE)
 
     def stop_reason(self) -> StopReason | None:
@@ -86,7 +88,7 @@ class Attempt:
         if self._lease_lapsed(now):
             return StopReason.LOST
         for reason in (StopReason.LOST, StopReason.CANCEL, StopReason.HAND_BACK):
-            if self._flags[reason].is_set():
+            if reason in self._flags:
                 return reason
         if now >= self.deadline_ms:
             return StopReason.TIMEOUT
@@ -122,11 +124,11 @@ class Attempt:
 
     def end(self) -> None:
         """The runner is done with this attempt (whatever the outcome): the engine stops."""
-        self._ended.set()
+        self._ended = True
 
     def should_stop(self) -> bool:
         """The engine's poll between tokens."""
-        if not self._ended.is_set() and self.stop_reason() is None:
+        if not self._ended and self.stop_reason() is None:
             return False
         self.engine_stopped = True
         return True
