@@ -1,0 +1,121 @@
+"""PostgreSQL's one-statement claim and completion (`core.store.pg_claims`,
+`core.store.pg_completion`) write exactly what the separate statements write.
+
+The same tasks are set up twice with a fixed clock, then claimed and completed once
+through each path; every row of tasks, responses and task_events must agree, and so
+must the claims and the per-task failures. Owner tokens are random per claim, so
+only whether a task holds one is compared; ids are compared by their role.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from core.clock import Clock
+from core.engines.base import Usage
+from core.models_registry import register
+from core.settings import Settings
+from core.states import OnRestart, Status
+from core.store import claims, completion, worker_writes
+from core.store.connect import create_db_engine
+from core.store.database import Database
+from core.store.transitions import Event
+from core.tables import responses, task_events, tasks
+from tests.databases import truncate_all
+from tests.store.helpers import assert_log_sound, force, new_task
+
+LEASE = 30_000
+NOW = 1_800_000_000_000
+
+
+class _FixedClock(Clock):
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def now_ms(self) -> int:
+        return self.now
+
+
+def _scenario(db: Database, settings: Settings) -> tuple[dict[str, str], list[Any], list[Any]]:
+    """Tasks in every state a claim meets, claimed and completed; (ids by role, the
+    claims, the completion failures)."""
+    (settings.models_dir / "words.bin").write_bytes(b"test engine model\n")
+    register(db, settings.models_dir, "words.bin", model_id="words", engine="test.words")
+    ids: dict[str, str] = {}
+    for role, on_restart in (("resume", OnRestart.RESUME), ("resume_spent", OnRestart.RESUME),
+                             ("retry", OnRestart.RETRY)):
+        ids[role] = new_task(db, "words", client=f"client-{role}", on_restart=on_restart)
+        [held] = claims.claim(db, limit=1, lease_ms=LEASE, node_id="n")
+        worker_writes.append_output(
+            db, held.task_id, held.owner_token,
+            [Event("response.output_item.added", {"output_index": 0}),
+             Event("response.output_text.delta", {"delta": "ab"})],
+            text="ab", snapshot_json='{"tokens":[1]}', usage=Usage(3, 1), start=True)
+    worker_writes.requeue(db, ids["retry"], held.owner_token, delay_ms=0,
+                          code="engine_error", message="boom")
+    ids["fresh"] = new_task(db, "words", client="client-fresh")
+    ids["spent"] = new_task(db, "words", client="client-spent")
+    force(db, ids["spent"], attempts=3, max_attempts=3)
+    force(db, ids["resume"], lease_expires_at=NOW - 1)
+    force(db, ids["resume_spent"], lease_expires_at=NOW - 1, attempts=3, max_attempts=3)
+    taken = claims.claim(db, limit=10, lease_ms=LEASE, node_id="n")
+    by_id = {c.task_id: c for c in taken}
+    fresh, resumed = by_id[ids["fresh"]], by_id[ids["resume"]]
+    force(db, ids["retry"], status=Status.CANCELLING.value)  # a cancel came meanwhile
+    retry = by_id[ids["retry"]]
+    closing = [Event("response.output_text.done", {"text": "x"})]
+    failures = completion.complete_all(db, [
+        completion.Completion(fresh.task_id, fresh.owner_token, closing, Usage(1, 1), "x",
+                              start=True),
+        completion.Completion(resumed.task_id, resumed.owner_token, [], Usage(4, 2), "c"),
+        completion.Completion(retry.task_id, retry.owner_token, closing, Usage(1, 1), "x",
+                              start=True),
+        completion.Completion(resumed.task_id, "stale-owner", [], Usage(9, 9), "z"),
+    ])
+    return ids, taken, [type(f).__name__ if f else None for f in failures]
+
+
+def _dump(db: Database, ids: dict[str, str]) -> dict[str, Any]:
+    role = {task_id: name for name, task_id in ids.items()}
+    with db.read() as conn:
+        task_rows = {role[r.id]: {**r._asdict(), "id": role[r.id],
+                                  "owner_token": r.owner_token is not None}
+                     for r in conn.execute(select(tasks))}
+        answers = {role[r.task_id]: {**r._asdict(), "task_id": role[r.task_id]}
+                   for r in conn.execute(select(responses))}
+        events = sorted((role[r.task_id], r.seq, r.type, r.created_at, r.data)
+                        for r in conn.execute(select(task_events)))
+    return {"tasks": task_rows, "responses": answers, "events": events}
+
+
+def _claims(taken: list[Any], ids: dict[str, str]) -> list[dict[str, Any]]:
+    role = {task_id: name for name, task_id in ids.items()}
+    return [{**vars(c), "task_id": role[c.task_id], "owner_token": None} for c in taken]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_the_one_statement_claim_and_completion_write_what_the_separate_ones_write(
+    database_url: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = []
+    for at_once in (False, True):
+        truncate_all(database_url)
+        monkeypatch.setattr(Database, "writes_in_one_statement", property(lambda _: at_once))
+        db = Database(create_db_engine(settings), _FixedClock())
+        try:
+            ids, taken, failures = _scenario(db, settings)
+            for task_id in ids.values():
+                assert_log_sound(db, task_id)
+            results.append((_claims(taken, ids), failures, _dump(db, ids)))
+        finally:
+            db.dispose()
+    separate, at_once_ = results
+    assert separate[0] == at_once_[0]  # the claims, in claim order
+    assert separate[1] == at_once_[1] == [None, None, "CancelRequested", "LeaseLost"]
+    assert separate[2] == at_once_[2]
+    states = {name: row["status"] for name, row in at_once_[2]["tasks"].items()}
+    assert states == {"fresh": "completed", "retry": "cancelling", "spent": "failed",
+                      "resume": "completed", "resume_spent": "failed"}
