@@ -7,7 +7,9 @@ and left to finish their start-up; their CPU time (user + system, all threads, f
 /proc/<pid>/stat) is read, N no-op tasks are committed in one transaction, and the
 CPU is read again once every task has completed. Start-up and idle polling are thus
 left out: the figure is the work per task, which, unlike the wall-clock rate beside
-it, hardly depends on what else runs on this shared machine.
+it, hardly depends on what else runs on this shared machine. On PostgreSQL the CPU of
+the server processes serving the bench's private database (found by its name in their
+/proc cmdline) is read the same way: the sweepers and the server share the 2 cores.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+from sqlalchemy import text
 
 from bench.throughput import completed, enqueue_at_once, processes, store
 from core.settings import Settings
@@ -33,9 +37,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def server_cpu(database: str) -> dict[int, float]:
+    """CPU of each PostgreSQL backend connected to `database`, by pid."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace")
+                if argv.startswith("postgres: ") and f" {database} " in argv:
+                    found[int(entry.name)] = cpu_seconds(int(entry.name))
+            except OSError:  # it ended meanwhile
+                continue
+    return found
+
+
 def measure(settings: Settings, sweepers: int, count: int, slots: int,
-            logs: Path) -> tuple[float, float]:
-    """(CPU ms per task of all sweepers together, tasks per second)."""
+            logs: Path) -> tuple[float, float, float]:
+    """(CPU ms per task of all sweepers together, of their database backends (0 on
+    SQLite), tasks per second)."""
     env = environment(settings, worker_concurrency=slots)
     commands = [({**env, "TASKWARD_NODE_ID": f"cpu-{i}"}, ["sweeper"]) for i in range(sweepers)]
     db = Database(create_db_engine(settings))
@@ -45,12 +64,19 @@ def measure(settings: Settings, sweepers: int, count: int, slots: int,
                                     if "sweeper started" in p.read_text()]) == sweepers,
                        timeout=60, what="sweepers up")
             time.sleep(0.5)  # the start-up's last steps after the log line
+            name = db.engine.url.database or ""
+            with db.read() as conn:  # the bench's own backend (enqueue, polling) is left out
+                own = None if settings.is_sqlite else conn.execute(
+                    text("SELECT pg_backend_pid()")).scalar()
             before = sum(cpu_seconds(child.pid) for child in children)
+            served = {} if settings.is_sqlite else server_cpu(name)
             start = enqueue_at_once(db, count)
             wait_until(lambda: completed(db) >= count, timeout=900, what="all completed")
             wall = time.perf_counter() - start
             after = sum(cpu_seconds(child.pid) for child in children)
-        return 1000 * (after - before) / count, count / wall
+            serving = {} if settings.is_sqlite else server_cpu(name)
+        server = sum(cpu - served.get(pid, 0.0) for pid, cpu in serving.items() if pid != own)
+        return 1000 * (after - before) / count, 1000 * server / count, count / wall
     finally:
         db.dispose()
 
@@ -67,9 +93,11 @@ def main() -> None:
             logs = Path(tmp) / f"logs-{kind}"
             logs.mkdir()
             with store(kind, Path(tmp)) as settings:
-                cpu_ms, rate = measure(settings, args.sweepers, args.tasks, args.slots, logs)
+                cpu_ms, server_ms, rate = measure(settings, args.sweepers, args.tasks,
+                                                  args.slots, logs)
             print(f"{kind:10} {args.sweepers} sweeper(s) x {args.slots} slots: "
-                  f"{cpu_ms:.3f} CPU-ms per task, {rate:.0f} tasks/s (wall, noisy)", flush=True)
+                  f"{cpu_ms:.3f} CPU-ms per task in the sweepers, {server_ms:.3f} in the "
+                  f"database server, {rate:.0f} tasks/s (wall, noisy)", flush=True)
 
 
 if __name__ == "__main__":
