@@ -54,27 +54,26 @@ def claim(
     after the waiting tasks whose time has come have been given their place.
     A task whose attempts are spent is dead-lettered here instead of being claimed.
     Every statement is built once: a claim runs for every few tasks a worker executes.
+    On PostgreSQL the local pool is claimed in one statement (`core.store.pg_claims`),
+    and the upstream pool, only when upstream models exist, by the statements below.
     """
     if limit <= 0 and upstream_limit <= 0:
         return []
     with db.write() as conn:
         now = db.clock.now_ms()
         owner = new_owner_token()
-        place_due(conn, now)
         local: list[Claim] = []
-        if db.writes_in_one_statement:  # the local pool in one round trip
-            if limit > 0:
-                rows, upstream_models = pg_claims.claim_local(
-                    conn, now=now, limit=limit, owner=owner, lease_until=now + lease_ms,
-                    node_id=node_id)
-                local = [_claim(row, row.attempts, owner, False) for row in rows]
-            else:
-                upstream_models = True
+        resumable: list[Row[Any]] = []
+        queued: list[Row[Any]] = []
+        if db.writes_in_one_statement and limit > 0:  # the local pool in one round trip
+            rows, upstream_models = pg_claims.claim_local(
+                conn, now=now, limit=limit, owner=owner, lease_until=now + lease_ms,
+                node_id=node_id)
+            local = [_claim(row, row.attempts, owner, False) for row in rows]
             limits = capacity.upstream_limits(conn) if upstream_models and upstream_limit > 0 \
                 else {}
-            resumable: list[Row[Any]] = []
-            queued: list[Row[Any]] = []
         else:
+            place_due(conn, now)
             limits = capacity.upstream_limits(conn)
             resumable, queued = _due(conn, _LOCAL, list(limits), now, limit)
         if upstream_limit > 0 and limits:

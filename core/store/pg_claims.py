@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Connection, Integer, Row, String, Text, bindparam, text
 
 from core.states import Status
+from core.store.line import place_due
 from core.store.transitions import encoded
 
 DEAD_LETTER_ERROR = {"code": "max_attempts_exceeded", "message": "the task used all its attempts"}
@@ -32,9 +33,18 @@ def claim_local(
 ) -> tuple[list[Row[Any]], bool]:
     """Claim up to `limit` due tasks of local models (resumable first, then the fair
     line), dead-lettering those whose attempts are spent; (the rows claimed, whether
-    any upstream model exists). The rows have the fields `claims.Claim` is made of."""
-    rows = conn.execute(_CLAIM, {"now": now, "limit": limit, "owner": owner,
-                                 "lease": lease_until, "node": node_id, **_DEAD}).all()
+    any upstream model exists). The rows have the fields `claims.Claim` is made of.
+
+    Waiting tasks whose time has come get their places in the line first
+    (`core.store.line.place_due`), but asking whether any did is part of the claim:
+    when none did, which is nearly always, the claim is this one statement; when one
+    did, the statement claims nothing, the tasks are placed and the line is claimed."""
+    params = {"now": now, "limit": limit, "owner": owner, "lease": lease_until,
+              "node": node_id, **_DEAD}
+    rows = conn.execute(_CLAIM[True], params).all()
+    if rows[0].waiting:  # their places first, as `claims.claim` does: then the line
+        place_due(conn, now)
+        rows = conn.execute(_CLAIM[False], params).all()
     taken = sorted((row for row in rows if row.id is not None), key=_claim_order)
     return taken, bool(rows[0].upstream_models)
 
@@ -50,19 +60,19 @@ def _claim_order(row: Row[Any]) -> tuple[Any, ...]:
 # characters and 40 parameters, past the sizes psycopg caches the parsing of, and
 # building its parameters cost more CPU than any other step of a claim. The partial
 # index predicates are the literal terms of `core.tables` (IS_LEASED, IS_IN_LINE).
-_CLAIM = text("""
-WITH resumable AS (
+_TEMPLATE = """
+WITH /*waiting*/resumable AS (
   SELECT tasks.id FROM tasks JOIN responses ON responses.task_id = tasks.id
   WHERE status IN ('loading', 'running', 'cancelling') AND tasks.status = 'running'
     AND tasks.on_restart = 'resume'
     AND (tasks.lease_expires_at IS NULL OR tasks.lease_expires_at <= :now)
-    AND tasks.model NOT IN (SELECT id FROM models WHERE max_concurrency IS NOT NULL)
+    AND tasks.model NOT IN (SELECT id FROM models WHERE max_concurrency IS NOT NULL)/*gate*/
   ORDER BY tasks.run_at, tasks.id
   LIMIT :limit FOR UPDATE OF tasks SKIP LOCKED),
 queued AS (
   SELECT tasks.id FROM tasks
   WHERE status = 'queued' AND vtime IS NOT NULL AND tasks.run_at <= :now
-    AND tasks.model NOT IN (SELECT id FROM models WHERE max_concurrency IS NOT NULL)
+    AND tasks.model NOT IN (SELECT id FROM models WHERE max_concurrency IS NOT NULL)/*gate*/
   ORDER BY tasks.priority, tasks.vtime, tasks.id
   LIMIT :limit - (SELECT count(*) FROM resumable) FOR UPDATE OF tasks SKIP LOCKED),
 candidates AS (SELECT id FROM resumable UNION ALL SELECT id FROM queued),
@@ -104,13 +114,32 @@ reset AS (
   UPDATE responses SET output_text = '', input_tokens = 0, output_tokens = 0, updated_at = :now
   WHERE task_id = ANY(ARRAY(SELECT id FROM claimed WHERE status = 'loading'))
     AND (output_text <> '' OR input_tokens <> 0 OR output_tokens <> 0))
-SELECT flag.upstream_models, claimed.*
-FROM (SELECT EXISTS (SELECT FROM models WHERE max_concurrency IS NOT NULL) AS upstream_models)
-  AS flag
+SELECT flag.upstream_models, flag.waiting, claimed.*
+FROM (SELECT EXISTS (SELECT FROM models WHERE max_concurrency IS NOT NULL) AS upstream_models,
+             /*waits*/ AS waiting) AS flag
 LEFT JOIN claimed ON true
-""").bindparams(bindparam("now", type_=BigInteger), bindparam("limit", type_=Integer),
-                bindparam("lease", type_=BigInteger), bindparam("owner", type_=String),
-                bindparam("node", type_=String), bindparam("dead_code", type_=String),
-                bindparam("dead_message", type_=String), bindparam("dead_data", type_=Text))
+"""
+# `core.store.line._DUE_OUTSIDE`'s question, asked first: does a waiting task's time
+# come before the line is read? (`ix_tasks_outside_line`)
+_WAITING = """waiting AS (
+  SELECT tasks.id FROM tasks WHERE status = 'queued' AND vtime IS NULL AND tasks.run_at <= :now
+  ORDER BY tasks.run_at, tasks.id LIMIT 1 FOR UPDATE SKIP LOCKED),
+"""
+
+
+def _variant(gated: bool) -> Any:
+    """The statement that claims only when no waiting task is due (`gated`: its
+    answer says so), or the one that claims whatever is in line."""
+    sql = (_TEMPLATE.replace("/*waiting*/", _WAITING if gated else "")
+           .replace("/*gate*/", "\n    AND NOT EXISTS (SELECT FROM waiting)" if gated else "")
+           .replace("/*waits*/", "EXISTS (SELECT FROM waiting)" if gated else "false"))
+    return text(sql).bindparams(
+        bindparam("now", type_=BigInteger), bindparam("limit", type_=Integer),
+        bindparam("lease", type_=BigInteger), bindparam("owner", type_=String),
+        bindparam("node", type_=String), bindparam("dead_code", type_=String),
+        bindparam("dead_message", type_=String), bindparam("dead_data", type_=Text))
+
+
+_CLAIM = {gated: _variant(gated) for gated in (True, False)}
 _DEAD = {"dead_code": DEAD_LETTER_ERROR["code"], "dead_message": DEAD_LETTER_ERROR["message"],
          "dead_data": encoded({"error": DEAD_LETTER_ERROR, "dead_lettered": True})}
