@@ -1,8 +1,9 @@
 """The claim of local-engine work on PostgreSQL in ONE statement.
 
 `core.store.claims` on its own sends, per claim, a read of the upstream limits, the
-resumable and the queued candidates (`FOR UPDATE SKIP LOCKED`), the UPDATE of
-`core.store.transitions.move`, the events INSERT and the output reset: six round
+search for waiting tasks now due (`core.store.line.place_due`), the resumable and the
+queued candidates (`FOR UPDATE SKIP LOCKED`), the UPDATE of
+`core.store.transitions.move`, the events INSERT and the output reset: seven round
 trips besides BEGIN and COMMIT, and on PostgreSQL those round trips, not the work,
 bound how fast a sweeper drains short tasks. Here the same candidates, in the same
 order and with the same locks, are selected, moved, dead-lettered, logged and reset
@@ -59,7 +60,8 @@ def _claim_order(row: Row[Any]) -> tuple[Any, ...]:
 # Written out rather than built with SQLAlchemy: the built statement came to 4,600
 # characters and 40 parameters, past the sizes psycopg caches the parsing of, and
 # building its parameters cost more CPU than any other step of a claim. The partial
-# index predicates are the literal terms of `core.tables` (IS_LEASED, IS_IN_LINE).
+# index predicates are the literal terms of `core.tables` (IS_LEASED, IS_IN_LINE,
+# IS_OUTSIDE_LINE).
 _TEMPLATE = """
 WITH /*waiting*/resumable AS (
   SELECT tasks.id FROM tasks JOIN responses ON responses.task_id = tasks.id
