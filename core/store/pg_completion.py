@@ -15,7 +15,7 @@ moves. SQLite (no data-modifying CTEs, and no round trips) keeps the separate mo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
@@ -31,19 +31,36 @@ from sqlalchemy import (
     update,
 )
 
+from core.engines.base import Usage
 from core.states import Status
 from core.store.bulk import json_rows, rows_param
 from core.store.transitions import Event, encoded
 from core.tables import responses, task_events, tasks
 
-if TYPE_CHECKING:
-    from core.store.completion import Completion
+
+class Ending(Protocol):
+    """What `core.store.completion.Completion` holds (named here, not imported: that
+    module imports this one)."""
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def closing(self) -> Sequence[Event]: ...
+    @property
+    def usage(self) -> Usage: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def start(self) -> bool: ...
+
 
 _STARTED = Event("response.in_progress")  # `worker_writes.start_all`'s event
 _COMPLETED = Event("response.completed")
 
 
-def complete_at_once(conn: Connection, now: int, completions: Sequence[Completion]) -> set[str]:
+def complete_at_once(conn: Connection, now: int, completions: Sequence[Ending]) -> set[str]:
     """Complete `completions` (each task named once); the ids of the tasks moved. A
     task not moved (its lease lost, a cancel requested) got no event and no output."""
     done, events = [], []
