@@ -59,6 +59,13 @@ class Database:
         writes of their own gain nothing from running more than one at once."""
         return self.is_sqlite
 
+    @property
+    def data_modifying_ctes(self) -> bool:
+        """True when one statement may write several tables through data-modifying
+        CTEs (PostgreSQL), where every statement is also a round trip to the server:
+        creating tasks then takes one statement (`core.store.pg_births`)."""
+        return not self.is_sqlite
+
     def recovery_scope(self, node_id: str, *, all_nodes: bool = False) -> str | None:
         """The node whose leftover tasks a cold start may recover (None: every task).
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from core.errors import InvalidInput
 from core.store.database import Database
@@ -94,3 +95,21 @@ def test_insert_task_is_a_batch_of_one(db: Database, model_id: str) -> None:
     assert first is not None and second is None
     assert (first.status, first.last_seq, first.output_text) == ("queued", 1, "")
     assert counts(db) == (1, 1, 1)
+
+
+# SQLite alone: its tasks go in through the driver's own cursor (`core.store.sqlite_births`).
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_refused_write_through_the_driver_raises_as_sqlalchemy_does(
+    db: Database, model_id: str
+) -> None:
+    """A store that refuses the write (as a full disk does) raises SQLAlchemy's
+    `OperationalError`, which the API answers with 503, without the request in its text."""
+    with db.write() as conn:
+        conn.exec_driver_sql("PRAGMA query_only=ON")
+        try:
+            with pytest.raises(OperationalError) as refused:
+                insert_tasks(db, conn, [request(model_id, 7)], db.clock.now_ms())
+        finally:
+            conn.exec_driver_sql("PRAGMA query_only=OFF")
+    assert "readonly" in str(refused.value) and "words=7" not in str(refused.value)
+    assert counts(db) == (0, 0, 0)
