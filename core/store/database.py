@@ -66,6 +66,15 @@ class Database:
         creating tasks then takes one statement (`core.store.pg_births`)."""
         return not self.is_sqlite
 
+    @contextmanager
+    def write_turn(self) -> Iterator[None]:
+        """This thread's turn to write, without a transaction yet: on SQLite it comes
+        after every write of this process and the others queued before it, and a `write`
+        inside it takes no second turn. A group commit gathers its batch once its turn
+        has come, so the requests that arrived while it waited ride along."""
+        with self._writers.turn():
+            yield
+
     def recovery_scope(self, node_id: str, *, all_nodes: bool = False) -> str | None:
         """The node whose leftover tasks a cold start may recover (None: every task).
 
