@@ -59,7 +59,11 @@ class Enqueuer:
 
     async def _drain(self) -> None:
         while self._pending:
-            for answer, outcome in await writing(self._db, self._commit_next):
+            # A single writer takes its batch once its turn has come; where writers
+            # run side by side there is no turn to wait for, and a batch taken now
+            # cannot leave another drainer's hop with nothing to do.
+            batch = None if self._db.single_writer else self._take()
+            for answer, outcome in await writing(self._db, self._commit_next, batch):
                 if answer.done():  # the client went away
                     continue
                 if isinstance(outcome, Exception):
@@ -72,16 +76,16 @@ class Enqueuer:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
         return batch
 
-    def _commit_next(self) -> list[_Outcome]:
-        """Runs on the writer thread: once its turn to write has come, the requests
-        waiting then, committed as one batch (none if another drainer took them)."""
-        batch: list[_Pending] = []
+    def _commit_next(self, batch: list[_Pending] | None) -> list[_Outcome]:
+        """Runs on the writer thread: `batch`, or once its turn to write has come the
+        requests waiting then, committed as one batch."""
         try:
             with self._db.write_turn():
-                batch = self._take()
+                if batch is None:
+                    batch = self._take()
                 outcomes = self._commit([(new, claim) for new, claim, _ in batch])
         except Exception as exc:  # the batch (or the turn) failed: each request hears why
-            batch = batch or self._take()
+            batch = self._take() if batch is None else batch
             outcomes = [exc] * len(batch)
         return [(answer, outcome) for (_, _, answer), outcome in zip(batch, outcomes)]
 
