@@ -25,7 +25,7 @@ from core.store.active_quota import quota_exceeded, room
 from core.store.bulk import insert_rows
 from core.store.database import Database
 from core.store.line import places
-from core.store.pg_births import born_at_once
+from core.store.pg_births import born_at_once, line_offsets
 from core.store.sqlite_births import born_one_by_one
 from core.store.tasks import current_response, response_in, task_in
 from core.tables import IS_ACTIVE, idempotency_keys, responses, task_events, tasks
@@ -244,13 +244,18 @@ def insert_tasks(
     wanted = sorted({new.model for new in news})
     rows = [_task_values(new, now) for new in news]
     due = [row for row in rows if row["run_at"] <= now]
-    for row, place in zip(due, places(conn, [(row["client_id"], row["priority"])
-                                             for row in due])):
-        row["vtime"] = place
+    joining = [(row["client_id"], row["priority"]) for row in due]
     at_once = db.data_modifying_ctes  # one round trip: `core.store.pg_births`
-    if at_once:
-        known, inserted = born_at_once(conn, rows, wanted, now, notify=announce)
+    if at_once:  # the statement finds the places itself
+        for row, offset in zip(due, line_offsets(joining)):
+            row["vtime"] = offset
+        known, placed = born_at_once(conn, rows, wanted, now, notify=announce)
+        for row in rows:
+            row["vtime"] = placed.get(row["id"])
+        inserted = set(placed)
     else:
+        for row, place in zip(due, places(conn, joining)):
+            row["vtime"] = place
         known, inserted = born_one_by_one(conn, rows, wanted, now)
     if not known:
         raise InvalidInput("model_not_found", "no model is registered under that id",
