@@ -89,7 +89,8 @@ def enqueue(
     A second request with the same idempotency key gets the stored answer (or
     `idempotency_key_reused`); one with the active task's `dedupe_key` gets that task
     (`200`, nothing created). Both are decided by unique indexes, never by a prior read:
-    the common path is five statements and one commit, and only a conflict reads.
+    the common path is `insert_tasks` (one statement on PostgreSQL), the idempotency
+    record if any, and one commit, and only a conflict reads.
     A client at its `max_active` is refused (`quota_exceeded`, nothing stored), except
     for a replay or a dedupe hit, which create nothing.
     """
@@ -135,7 +136,7 @@ def enqueue_many(
 
     A busy API process commits the requests that arrived together at once: one fsync
     and a handful of statements (`insert_tasks`, then one multi-row insert of the
-    idempotency records) instead of five statements and an fsync each. A request that
+    idempotency records) instead of those statements and an fsync each. A request that
     meets a conflict (a dedupe key or idempotency key already held, in the store or
     earlier in the batch) or would take its client over `max_active` comes back as
     None, with nothing of it stored; so does every
