@@ -8,15 +8,18 @@ that two checkouts share the machine's load, it prints:
 - the interpreter's floor: CPU seconds of `python -I -S -c pass`, `python -I -c pass`
   (site-packages) and `python -c pass` in the checkout's virtualenv, up to the end of
   the code (the interpreter's exit is not counted);
-- import CPU: `python -c "import infra.cli.process, scheduler.loop, tests.engines"`,
-  every module a sweeper with the bench's plug-in engine loads before it connects;
+- import CPU: `python -c` of what `taskward sweeper` imports before it connects (its
+  command's module, the loop, the bench's plug-in engine);
 - spawn -> first claim: `taskward sweeper` spawned against a private database already
   holding `--tasks` queued no-op tasks (the plug-in engine of `tests/engines.py`), until
   the `response.loading` stamp of its first claim, as `bench/peers.py`'s drain measures
   it; spawn -> first completion, its first `response.completed` stamp; and the
-  process's CPU seconds (all threads, from `/proc`) when that claim is seen, an upper
-  bound since the sweeper goes on working while the bench looks.
+  process's CPU seconds (all threads, `/proc/PID/task/*/schedstat` sampled every
+  millisecond) at the first claim's stamp.
 
+Each checkout's bytecode is written first (`compileall`), as an installed package has
+it: this machine's shells export PYTHONDONTWRITEBYTECODE=1, under which every spawn
+would compile taskward's own sources again (~12 % of a sweeper's import instructions).
 Each figure is the median of `--spawns` runs; every spawn is a fresh node and the queue
 is topped up before it. Wall-clock figures depend on the machine's load: compare two
 checkouts alternately, in the same minutes, and note the load average printed.
@@ -31,6 +34,7 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -52,12 +56,14 @@ from tests.scheduler.processes import ROOT, environment
 
 MODEL = "noop"
 REQUEST = json.dumps({"model": MODEL, "input": "words=1"})
-SWEEPER_IMPORTS = "import infra.cli.process, scheduler.loop, tests.engines"
+# What `taskward sweeper` imports before it connects (its command, the loop, the plug-in).
+SWEEPER_IMPORTS = ("from infra.cli import main; main.get_command(None, 'sweeper'); "
+                   "import scheduler.loop, tests.engines")
 _FIRSTS = text("SELECT e.type, min(e.created_at) FROM task_events e JOIN tasks t ON t.id = "
                "e.task_id WHERE t.node_id = :node AND e.type IN ('response.loading', "
                "'response.completed') GROUP BY e.type")
 _QUEUED = text("SELECT count(*) FROM tasks WHERE status = 'queued'")
-_TICKS = os.sysconf("SC_CLK_TCK")
+PACKAGES = ("core", "scheduler", "infra", "tests")
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,12 @@ class Spawn:
     cpu_s: float
 
 
+def compile_sources(checkout: Checkout) -> None:
+    subprocess.run([checkout.python, "-m", "compileall", "-q",
+                    *(str(checkout.root / package) for package in PACKAGES)],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def child_cpu(checkout: Checkout, code: str, *flags: str) -> float:
     """CPU seconds (user + system) a fresh interpreter has used once it ran `code`
     (its start included, its exit not: a killed sweeper never pays for one)."""
@@ -99,9 +111,38 @@ def child_cpu(checkout: Checkout, code: str, *flags: str) -> float:
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds a live process has used so far, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    """CPU seconds a live process has used so far, all its threads (schedstat: ns)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):  # a thread that just ended
+            continue
+    return total / 1e9
+
+
+class CpuSampler(threading.Thread):
+    """Samples a process's CPU every millisecond: its CPU at a moment stamped in the
+    database (the first claim) is then read off the samples, not at the later moment
+    the bench saw the stamp."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self._pid = pid
+        self._done = threading.Event()
+        self.samples: list[tuple[float, float]] = []  # (epoch ms, CPU s)
+
+    def run(self) -> None:
+        while not self._done.wait(0.001):
+            try:
+                self.samples.append((time.time() * 1000, process_cpu(self._pid)))
+            except FileNotFoundError:
+                return
+
+    def at(self, epoch_ms: float) -> float:
+        self._done.set()
+        self.join()
+        return max((cpu for at, cpu in self.samples if at <= epoch_ms), default=0.0)
 
 
 @contextmanager
@@ -144,17 +185,17 @@ def spawn_sweeper(checkout: Checkout, db: Database, env: dict[str, str], node: s
                                  env=checkout.env({**env, "TASKWARD_NODE_ID": node}),
                                  cwd=checkout.root, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True)
+        sampler = CpuSampler(child.pid)
+        sampler.start()
         try:
-            cpu = None
             deadline = time.monotonic() + 60
             while True:
                 with db.read() as conn:
                     firsts = dict(conn.execute(_FIRSTS, {"node": node}).all())
-                if cpu is None and firsts:
-                    cpu = process_cpu(child.pid)
-                if cpu is not None and "response.completed" in firsts:
-                    return Spawn(firsts["response.loading"] - spawned,
-                                 firsts["response.completed"] - spawned, cpu)
+                if "response.completed" in firsts:
+                    claimed = firsts["response.loading"]
+                    return Spawn(claimed - spawned, firsts["response.completed"] - spawned,
+                                 sampler.at(claimed))
                 if child.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the sweeper completed nothing; see {log.name}")
                 time.sleep(0.005)
@@ -173,11 +214,13 @@ def main() -> None:
                         help="a checkout to measure (repeatable; default: this one)")
     args = parser.parse_args()
     checkouts = [Checkout(path.resolve()) for path in args.checkout or [ROOT]]
+    for checkout in checkouts:
+        compile_sources(checkout)
     print(f"load average {os.getloadavg()[0]:.1f} at the start")
     floors = {"python -I -S -c pass": ("pass", "-I", "-S"),
               "python -I -c pass": ("pass", "-I"),
               "python -c pass": ("pass",),
-              f'python -c "{SWEEPER_IMPORTS}"': (SWEEPER_IMPORTS,)}
+              "python -c <the sweeper's imports>": (SWEEPER_IMPORTS,)}
     cpu: dict[tuple[Checkout, str], list[float]] = defaultdict(list)
     for _ in range(args.spawns):
         for checkout in checkouts:
@@ -199,7 +242,7 @@ def main() -> None:
     for checkout in checkouts:
         print(f"{checkout.root} (medians of {args.spawns}):")
         for name in floors:
-            print(f"  {name:<68} CPU {statistics.median(cpu[checkout, name]) * 1000:5.0f} ms")
+            print(f"  {name:<40} CPU {statistics.median(cpu[checkout, name]) * 1000:5.0f} ms")
         spawns = runs[checkout]
         claim = statistics.median(run.claim_ms for run in spawns)
         print(f"  taskward sweeper ({args.store}): spawn -> first claim {claim:.0f} ms "

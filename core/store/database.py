@@ -14,12 +14,14 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, event, text
 
 from core.clock import Clock
-from core.store.listener import PgListener
+
+if TYPE_CHECKING:
+    from core.store.listener import PgListener
 
 _WRITE_OPTION = "taskward_write"
 WORK_CHANNEL = "taskward_work"  # payload: none; new work is due
@@ -86,7 +88,11 @@ class Database:
     def listener(self, handlers: Mapping[str, Callable[[str], None]]) -> PgListener | None:
         """A (not yet started) listener calling `handlers[channel](payload)` for the
         announcements of every process, or None when the store has no push (SQLite)."""
-        return None if self.is_sqlite else PgListener(self.engine.url, handlers)
+        if self.is_sqlite:
+            return None
+        from core.store.listener import PgListener  # psycopg: SQLite processes never load it
+
+        return PgListener(self.engine.url, handlers)
 
     def announce_work(self, conn: Connection, *, notified: bool = False) -> None:
         """Tell sweepers that new work is due, as part of the transaction `conn`.
