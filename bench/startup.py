@@ -191,7 +191,7 @@ def spawn_sweeper(checkout: Checkout, db: Database, env: dict[str, str], node: s
             deadline = time.monotonic() + 60
             while True:
                 with db.read() as conn:
-                    firsts = dict(conn.execute(_FIRSTS, {"node": node}).all())
+                    firsts: dict[str, int] = dict(conn.execute(_FIRSTS, {"node": node}).all())
                 if "response.completed" in firsts:
                     claimed = firsts["response.loading"]
                     return Spawn(claimed - spawned, firsts["response.completed"] - spawned,

@@ -174,7 +174,7 @@ def load_settings(**overrides: object) -> Settings:
     if unknown:
         raise SettingsError(f"unknown setting {unknown[0]} (known: {', '.join(sorted(known))})")
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        return Settings(**overrides)
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ENV_PREFIX + str(first["loc"][0]).upper() if first["loc"] else "settings"
