@@ -11,7 +11,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import click
 
@@ -67,13 +67,18 @@ def sweep(as_json: bool) -> None:
               help="Maintenance passes (overrides TASKWARD_SWEEP_SCHEDULE).")
 def sweeper(schedule: str | None) -> None:
     """Long-running sweeper: continuous claiming, maintenance on a cron schedule."""
-    with collector_paused():
-        from scheduler.loop import SweeperLoop
-    settings = _worker_settings(**({"sweep_schedule": schedule} if schedule else {}))
     stop = threading.Event()
-    with database(settings) as db, _stop_on_signals(stop.set):
-        loop = SweeperLoop(db, settings)
-        loop.start()
+    with ExitStack() as running:
+        # From exec to the first claim, the garbage collector would only rescan what
+        # start-up allocates for good (see `infra.cli`); `start` returns after the claim.
+        with collector_paused():
+            from scheduler.loop import SweeperLoop
+
+            settings = _worker_settings(**({"sweep_schedule": schedule} if schedule else {}))
+            db = running.enter_context(database(settings))
+            running.enter_context(_stop_on_signals(stop.set))
+            loop = SweeperLoop(db, settings)
+            loop.start()
         log.info("sweeper started (node %s)", settings.node_id)
         while not stop.wait(0.5):
             pass
