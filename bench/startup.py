@@ -8,8 +8,8 @@ that two checkouts share the machine's load, it prints:
 - the interpreter's floor: CPU seconds of `python -I -S -c pass`, `python -I -c pass`
   (site-packages) and `python -c pass` in the checkout's virtualenv, up to the end of
   the code (the interpreter's exit is not counted);
-- import CPU: `python -c` of what `taskward sweeper` imports before it connects (its
-  command's module, the loop, the bench's plug-in engine);
+- import CPU: `python -c` of what `taskward sweeper` imports before it claims (its
+  command's module, the loop, the bench's plug-in engine, PostgreSQL's driver);
 - spawn -> first claim: `taskward sweeper` spawned against a private database already
   holding `--tasks` queued no-op tasks (the plug-in engine of `tests/engines.py`), until
   the `response.loading` stamp of its first claim, as `bench/peers.py`'s drain measures
@@ -56,9 +56,11 @@ from tests.scheduler.processes import ROOT, environment
 
 MODEL = "noop"
 REQUEST = json.dumps({"model": MODEL, "input": "words=1"})
-# What `taskward sweeper` imports before it connects (its command, the loop, the plug-in).
+# What `taskward sweeper` imports before it claims: its command, the loop, the plug-in
+# engine and PostgreSQL's driver (imported when the engine is created).
 SWEEPER_IMPORTS = ("from infra.cli import main; main.get_command(None, 'sweeper'); "
-                   "import scheduler.loop, tests.engines")
+                   "import scheduler.loop, tests.engines, sqlalchemy.dialects.postgresql.psycopg, "
+                   "psycopg")
 _FIRSTS = text("SELECT e.type, min(e.created_at) FROM task_events e JOIN tasks t ON t.id = "
                "e.task_id WHERE t.node_id = :node AND e.type IN ('response.loading', "
                "'response.completed') GROUP BY e.type")
