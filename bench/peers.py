@@ -36,7 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench.peer_systems import BareLitestar, Taskward, Timeline, pgqueuer, procrastinate, rows
+from bench.peer_systems import (
+    ROOT,
+    BareLitestar,
+    Taskward,
+    Timeline,
+    pgqueuer,
+    procrastinate,
+    rows,
+)
+from bench.startup import Checkout, compile_sources
 from bench.store import raw_pg_rate
 from tests.databases import private_pg_database
 from tests.scheduler.processes import wait_until
@@ -276,6 +285,9 @@ def main() -> None:
     if args.quick:
         args.jobs, args.seconds, args.latency_jobs, args.rounds = 1000, 2.0, 100, 1
     wanted = args.systems.split(",")
+    # The peers' packages were compiled when pip installed them; taskward's editable
+    # sources are compiled here, or every spawned process would compile them again.
+    compile_sources(Checkout(ROOT))
     print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="taskward-peers-") as tmp:
