@@ -255,16 +255,16 @@ def postgres_section(pg: list[System], workdir: Path, args: argparse.Namespace) 
 
 
 def sqlite_section(workdir: Path, args: argparse.Namespace) -> list[Figures]:
-    results = run_rounds([Taskward("sqlite")], args.rounds, workdir, args)
+    results = run_rounds([Taskward("sqlite", args.sqlite_workers)], args.rounds, workdir, args)
     bare = results[BareLitestar.name] = Figures()
     for _ in range(args.rounds if "enqueue" in args.workloads else 0):
         logs = workdir / f"logs-bare-{time.time_ns()}"
         logs.mkdir()
-        result = BareLitestar().enqueue(PRODUCERS, args.seconds, logs)
+        result = BareLitestar(args.sqlite_workers).enqueue(PRODUCERS, args.seconds, logs)
         bare.enqueue.append(result["count"] / result["seconds"])
         bare.ack_ms.append(_quantiles([x * 1000 for x in result["latencies"]]))
-    print("\nSQLite: taskward alone (`taskward run` for latency), beside a bare Litestar "
-          "POST handler served the same way")
+    print(f"\nSQLite: taskward alone (`taskward run` for latency), beside a bare Litestar "
+          f"POST handler served the same way ({args.sqlite_workers} granian worker(s))")
     print("\n".join(table(results)))
     ours = median(results["taskward-sqlite"].enqueue)
     print(f"taskward-sqlite POST / bare Litestar POST: {ours / median(bare.enqueue):.2f}x")
@@ -281,6 +281,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--systems", default="taskward,procrastinate,pgqueuer,sqlite")
     parser.add_argument("--workloads", default="drain,enqueue,latency")
+    # One store writer: a second API process splits the group commit in two (both
+    # handlers get the same count; 1 is what `taskward serve` and `taskward run` use).
+    parser.add_argument("--sqlite-workers", type=int, default=1)
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.seconds, args.latency_jobs, args.rounds = 1000, 2.0, 100, 1
