@@ -36,7 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench.peer_systems import BareLitestar, Taskward, Timeline, pgqueuer, procrastinate, rows
+from bench.peer_systems import (
+    ROOT,
+    BareLitestar,
+    Taskward,
+    Timeline,
+    pgqueuer,
+    procrastinate,
+    rows,
+)
+from bench.startup import Checkout, compile_sources
 from bench.store import raw_pg_rate
 from tests.databases import private_pg_database
 from tests.scheduler.processes import wait_until
@@ -246,16 +255,16 @@ def postgres_section(pg: list[System], workdir: Path, args: argparse.Namespace) 
 
 
 def sqlite_section(workdir: Path, args: argparse.Namespace) -> list[Figures]:
-    results = run_rounds([Taskward("sqlite")], args.rounds, workdir, args)
+    results = run_rounds([Taskward("sqlite", args.sqlite_workers)], args.rounds, workdir, args)
     bare = results[BareLitestar.name] = Figures()
     for _ in range(args.rounds if "enqueue" in args.workloads else 0):
         logs = workdir / f"logs-bare-{time.time_ns()}"
         logs.mkdir()
-        result = BareLitestar().enqueue(PRODUCERS, args.seconds, logs)
+        result = BareLitestar(args.sqlite_workers).enqueue(PRODUCERS, args.seconds, logs)
         bare.enqueue.append(result["count"] / result["seconds"])
         bare.ack_ms.append(_quantiles([x * 1000 for x in result["latencies"]]))
-    print("\nSQLite: taskward alone (`taskward run` for latency), beside a bare Litestar "
-          "POST handler served the same way")
+    print(f"\nSQLite: taskward alone (`taskward run` for latency), beside a bare Litestar "
+          f"POST handler served the same way ({args.sqlite_workers} granian worker(s))")
     print("\n".join(table(results)))
     ours = median(results["taskward-sqlite"].enqueue)
     print(f"taskward-sqlite POST / bare Litestar POST: {ours / median(bare.enqueue):.2f}x")
@@ -272,10 +281,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--systems", default="taskward,procrastinate,pgqueuer,sqlite")
     parser.add_argument("--workloads", default="drain,enqueue,latency")
+    # One store writer: a second API process splits the group commit in two (both
+    # handlers get the same count; 1 is what `taskward serve` and `taskward run` use).
+    parser.add_argument("--sqlite-workers", type=int, default=1)
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.seconds, args.latency_jobs, args.rounds = 1000, 2.0, 100, 1
     wanted = args.systems.split(",")
+    # The peers' packages were compiled when pip installed them; taskward's editable
+    # sources are compiled here, or every spawned process would compile them again.
+    compile_sources(Checkout(ROOT))
     print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="taskward-peers-") as tmp:

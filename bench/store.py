@@ -81,7 +81,7 @@ def raw_pg_rate(url: str, count: int) -> float:
 
 
 def prepared(url: str, **overrides: object) -> Database:
-    settings = Settings(database_url=url, **overrides)  # type: ignore[arg-type]
+    settings = Settings(database_url=url, **overrides)
     engine = create_db_engine(settings)
     upgrade(engine)
     db = Database(engine)

@@ -4,22 +4,22 @@ Sources, strongest first: `TASKWARD_*` environment variables, then an optional
 `taskward.toml` in the working directory (keys without the prefix, lower case).
 Parsing is strict: an unknown key, a bad value or an inconsistent pair stops start-up
 with a message that names the key.
+
+The two sources are read here, on a plain pydantic model, rather than by
+pydantic-settings: that package's import (its every source provider, dotenv, the CLI
+parser) was ~55 ms of CPU at the start of every process, a sweeper's included, for
+two sources of a dozen lines (docs/benchmarks.md, issue 15).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.cron import parse_cron
 from core.engines.base import usable_cores
@@ -33,13 +33,11 @@ class SettingsError(Exception):
     """Start-up configuration is unusable; the message names the key."""
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        extra="forbid",
-        frozen=True,
-        toml_file=TOML_FILE,
-    )
+class Settings(BaseModel):
+    """Every setting; building one reads the sources (`_read_sources`), so
+    `Settings(key=value)` is the environment and the file with `key` overridden."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     database_url: str = "sqlite:///./var/taskward.db"
     models_dir: Path = Path("./models")
@@ -97,6 +95,25 @@ class Settings(BaseSettings):
     upstream_allowed_hosts: str = ""
     upstream_cooldown_seconds: float = Field(10, gt=0, le=3600)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_sources(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments win over `TASKWARD_*` variables (names case-insensitive),
+        which win over `taskward.toml` in the working directory."""
+        from_file: dict[str, Any] = {}
+        if Path(TOML_FILE).is_file():
+            with open(TOML_FILE, "rb") as file:
+                try:
+                    from_file = tomllib.load(file)
+                except tomllib.TOMLDecodeError as exc:
+                    raise ValueError(f"{TOML_FILE}: {exc}") from None
+        prefix = ENV_PREFIX.lower()
+        from_env = {key.lower().removeprefix(prefix): value
+                    for key, value in os.environ.items() if key.lower().startswith(prefix)}
+        return {**from_file,
+                **{name: from_env[name] for name in cls.model_fields if name in from_env},
+                **values}
+
     @field_validator("sweep_schedule")
     @classmethod
     def _cron_parses(cls, value: str) -> str:
@@ -149,17 +166,6 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
-
 
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment and `taskward.toml`, or `SettingsError` naming the key."""
@@ -168,7 +174,7 @@ def load_settings(**overrides: object) -> Settings:
     if unknown:
         raise SettingsError(f"unknown setting {unknown[0]} (known: {', '.join(sorted(known))})")
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        return Settings(**overrides)
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ENV_PREFIX + str(first["loc"][0]).upper() if first["loc"] else "settings"

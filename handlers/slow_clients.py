@@ -47,8 +47,13 @@ def bounded_body_reads(app: ASGIApp, body_timeout_seconds: float) -> ASGIApp:
             if body_done:  # a stream waiting for `http.disconnect`: no bound on that
                 return await receive()
             try:
-                message = await (asyncio.wait_for(receive(), body_timeout_seconds)
-                                 if body_timeout_seconds else receive())
+                if body_timeout_seconds:
+                    # `timeout`, not `wait_for`: on Python 3.11 `wait_for` wraps each
+                    # receive in a task of its own.
+                    async with asyncio.timeout(body_timeout_seconds):
+                        message = await receive()
+                else:
+                    message = await receive()
             except TimeoutError:
                 raise BodyTimeout() from None
             if message["type"] == "http.disconnect":

@@ -18,6 +18,13 @@ Maintenance (expired leases, orphaned cancels, schedules, retention) runs on a s
 thread at the times `TASKWARD_SWEEP_SCHEDULE` names, and once at start so leftovers of a
 crash are picked up at once.
 
+`start` claims first: the claimer's first claim goes before the listener connects and
+before the start's maintenance pass (whose modules are imported only then), so work
+already queued when a sweeper starts does not wait for either (issue 15: that pass and
+the LISTEN connection shared the GIL with the first claim). Nothing is lost by the
+order: the listener wakes the claimer once it listens, for whatever was announced
+before, and maintenance never was ordered before claiming (they run on two threads).
+
 `stop` is the graceful stop of docs/operations.md: no new claims, running attempts drain
 until `TASKWARD_DRAIN_SECONDS`, what is left is handed back. Every thread started here
 is joined there.
@@ -30,7 +37,6 @@ import threading
 
 from core.settings import Settings
 from core.store.database import WORK_CHANNEL, Database
-from scheduler.sweep import maintain
 from scheduler.timer import MaintenanceTimer
 from scheduler.workers import Workers
 
@@ -38,6 +44,9 @@ log = logging.getLogger(__name__)
 
 _PUSHED_POLL_SECONDS = 1.0  # with push wake-ups, polling only finds `run_at` arrivals
 _ERROR_PAUSE_SECONDS = 1.0
+# How long `start` waits for the first claim before starting the rest anyway (a store
+# that does not answer must not hold maintenance back for long).
+_FIRST_CLAIM_WAIT_SECONDS = 1.0
 
 
 class SweeperLoop:
@@ -48,6 +57,7 @@ class SweeperLoop:
         self._settings = settings
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._first_claim = threading.Event()  # set once the first claim has returned
         self._workers: Workers | None = None
         announced = {WORK_CHANNEL: lambda _payload: self._wake.set()}
         self._listener = db.listener(announced)
@@ -56,16 +66,16 @@ class SweeperLoop:
         pushed = in_process_wakeups or self._listener is not None
         poll = settings.poll_interval_ms / 1000
         self._idle_wait = max(poll, _PUSHED_POLL_SECONDS) if pushed else poll
-        self._maintenance = MaintenanceTimer(settings.sweep_schedule, db.clock,
-                                             lambda: self._log_pass(maintain(db, settings)))
+        self._maintenance = MaintenanceTimer(settings.sweep_schedule, db.clock, self._maintain)
         self._claimer = threading.Thread(target=self._claim_loop, name="claimer", daemon=True)
 
     def start(self) -> None:
         self._workers = Workers(self._db, self._settings, on_slot_freed=self._wake.set)
+        self._claimer.start()
+        self._first_claim.wait(_FIRST_CLAIM_WAIT_SECONDS)
         if self._listener is not None:
             self._listener.start()
         self._maintenance.start()
-        self._claimer.start()
 
     def stop(self) -> None:
         """Graceful stop; returns once every thread of the loop has ended."""
@@ -88,12 +98,15 @@ class SweeperLoop:
                 started = self._workers.claim()
             except Exception:
                 log.exception("claim failed; retrying")
+                self._first_claim.set()
                 self._stopping.wait(_ERROR_PAUSE_SECONDS)
                 continue
+            self._first_claim.set()
             if started:
                 continue  # more may be due; with no free slot a claim costs nothing
             self._wake.wait(self._idle_wait)
 
-    @staticmethod
-    def _log_pass(summary: dict[str, object]) -> None:
-        log.info("maintenance pass: %s", summary)
+    def _maintain(self) -> None:
+        from scheduler.sweep import maintain  # not on the first claim's path
+
+        log.info("maintenance pass: %s", maintain(self._db, self._settings))

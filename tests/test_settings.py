@@ -88,3 +88,17 @@ def test_slow_client_timeouts_default_to_at_most_a_minute() -> None:
     settings = load_settings()
     assert 0 < settings.http_idle_timeout_seconds <= 60
     assert 0 < settings.http_body_timeout_seconds <= 60
+
+
+def test_a_malformed_toml_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "taskward.toml").write_text("lease_seconds = = 60\n")
+    with pytest.raises(SettingsError, match="taskward.toml"):
+        load_settings()
+
+
+def test_keyword_arguments_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Variable names are case-insensitive, as they were under pydantic-settings.
+    monkeypatch.setenv("taskward_lease_seconds", "40")
+    monkeypatch.setenv("TASKWARD_NODE_ID", "from-env")
+    settings = load_settings(node_id="given")
+    assert (settings.lease_seconds, settings.node_id) == (40, "given")

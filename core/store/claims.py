@@ -65,7 +65,7 @@ def claim(
         local: list[Claim] = []
         resumable: list[Row[Any]] = []
         queued: list[Row[Any]] = []
-        if db.writes_in_one_statement and limit > 0:  # the local pool in one round trip
+        if db.data_modifying_ctes and limit > 0:  # the local pool in one round trip
             rows, upstream_models = pg_claims.claim_local(
                 conn, now=now, limit=limit, owner=owner, lease_until=now + lease_ms,
                 node_id=node_id)

@@ -65,7 +65,7 @@ def complete_all(db: Database, completions: Sequence[Completion]) -> list[Except
     with db.write() as conn:
         now = db.clock.now_ms()
         for batch in _rounds(completions):
-            if db.writes_in_one_statement:
+            if db.data_modifying_ctes:
                 moved = complete_at_once(conn, now, list(batch.values()))
                 _fail_unmoved(conn, batch, moved, failures)
             else:

@@ -4,7 +4,7 @@ A write transaction on SQLite starts with `BEGIN IMMEDIATE`, so the write lock i
 taken up front and two writers never deadlock on a lock upgrade; on PostgreSQL a plain
 `BEGIN` plus `FOR UPDATE SKIP LOCKED` in the claim does the same job. Callers never
 branch on the dialect: they ask this module's named abilities (`single_writer`,
-`writes_in_one_statement`, `listener`, `recovery_scope`), or `core.store.bulk` for
+`data_modifying_ctes`, `listener`, `recovery_scope`), or `core.store.bulk` for
 many-row writes.
 """
 
@@ -15,12 +15,14 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, event, text
 
 from core.clock import Clock
-from core.store.listener import PgListener
+
+if TYPE_CHECKING:
+    from core.store.listener import PgListener
 
 _WRITE_OPTION = "taskward_write"
 WORK_CHANNEL = "taskward_work"  # payload: none; new work is due
@@ -61,10 +63,22 @@ class Database:
         return self.is_sqlite
 
     @property
-    def writes_in_one_statement(self) -> bool:
-        """True when one statement may write several tables (PostgreSQL's data-modifying
-        CTEs): a hot path then saves the round trips of its separate statements."""
+    def data_modifying_ctes(self) -> bool:
+        """True when one statement may write several tables through data-modifying
+        CTEs (PostgreSQL), where every statement is also a round trip to the server:
+        creating tasks then takes one statement (`core.store.pg_births`), and so do
+        a claim (`core.store.pg_claims`) and a batch of completions
+        (`core.store.pg_completion`)."""
         return not self.is_sqlite
+
+    @contextmanager
+    def write_turn(self) -> Iterator[None]:
+        """This thread's turn to write, without a transaction yet: on SQLite it comes
+        after every write of this process and the others queued before it, and a `write`
+        inside it takes no second turn. A group commit gathers its batch once its turn
+        has come, so the requests that arrived while it waited ride along."""
+        with self._writers.turn():
+            yield
 
     def recovery_scope(self, node_id: str, *, all_nodes: bool = False) -> str | None:
         """The node whose leftover tasks a cold start may recover (None: every task).
@@ -77,7 +91,11 @@ class Database:
     def listener(self, handlers: Mapping[str, Callable[[str], None]]) -> PgListener | None:
         """A (not yet started) listener calling `handlers[channel](payload)` for the
         announcements of every process, or None when the store has no push (SQLite)."""
-        return None if self.is_sqlite else PgListener(self.engine.url, handlers)
+        if self.is_sqlite:
+            return None
+        from core.store.listener import PgListener  # psycopg: SQLite processes never load it
+
+        return PgListener(self.engine.url, handlers)
 
     def announce_work(self, conn: Connection, *, notified: bool = False) -> None:
         """Tell sweepers that new work is due, as part of the transaction `conn`.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, delete, select
+from sqlalchemy import Connection, Row, delete, select
 
 from core.errors import Conflict, InvalidInput
 from core.idempotency import IdempotencyClaim
@@ -25,9 +25,10 @@ from core.store.active_quota import quota_exceeded, room
 from core.store.bulk import insert_rows
 from core.store.database import Database
 from core.store.line import places
-from core.store.pg_births import born_at_once
+from core.store.pg_births import born_at_once, line_offsets
+from core.store.sqlite_births import born_one_by_one
 from core.store.tasks import current_response, response_in, task_in
-from core.tables import IS_ACTIVE, idempotency_keys, models, responses, task_events, tasks
+from core.tables import IS_ACTIVE, idempotency_keys, responses, task_events, tasks
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ def enqueue(
     A second request with the same idempotency key gets the stored answer (or
     `idempotency_key_reused`); one with the active task's `dedupe_key` gets that task
     (`200`, nothing created). Both are decided by unique indexes, never by a prior read:
-    the common path is five statements and one commit, and only a conflict reads.
+    the common path is `insert_tasks` (one statement on PostgreSQL), the idempotency
+    record if any, and one commit, and only a conflict reads.
     A client at its `max_active` is refused (`quota_exceeded`, nothing stored), except
     for a replay or a dedupe hit, which create nothing.
     """
@@ -134,7 +136,7 @@ def enqueue_many(
 
     A busy API process commits the requests that arrived together at once: one fsync
     and a handful of statements (`insert_tasks`, then one multi-row insert of the
-    idempotency records) instead of five statements and an fsync each. A request that
+    idempotency records) instead of those statements and an fsync each. A request that
     meets a conflict (a dedupe key or idempotency key already held, in the store or
     earlier in the batch) or would take its client over `max_active` comes back as
     None, with nothing of it stored; so does every
@@ -213,9 +215,6 @@ def dedupe_holder(db: Database, new: NewTask) -> Enqueued | None:
                         dedupe_hit=True)
 
 
-_KNOWN_MODELS = select(models.c.id).where(models.c.id.in_(bindparam("models", expanding=True)))
-
-
 def insert_task(db: Database, conn: Connection, new: NewTask, now: int) -> SimpleNamespace | None:
     """One task through `insert_tasks`; None on a dedupe conflict."""
     return insert_tasks(db, conn, [new], now)[0]
@@ -228,12 +227,12 @@ def insert_tasks(
     None where an active task holds its dedupe key.
 
     Shared by `enqueue`, retries of dead letters and schedule firing, so every task is
-    born the same way, in four statements however many there are (one round trip on
-    PostgreSQL: `core.store.pg_births`): one query checks the models (an unknown one
-    refuses the whole batch before anything is written); the tasks go in as one
-    `INSERT … ON CONFLICT DO NOTHING RETURNING id` (the ids of the rows inserted come
-    back, matched by id, not position: they are made here); then their response rows
-    and `response.created` events (`core.store.bulk.insert_rows`).
+    born the same way: the models are checked (an unknown one refuses the whole batch
+    before anything is written), the tasks go in with `ON CONFLICT DO NOTHING` (the ids
+    of the rows inserted come back, matched by id, not position: they are made here),
+    then their response rows and `response.created` events. On PostgreSQL that is one
+    statement, one round trip (`core.store.pg_births`); on SQLite the driver's own
+    prepared statements (`core.store.sqlite_births`).
     Within a batch as between batches, the first request holding a dedupe key wins. A
     past `run_at` is kept as given: the task is due at once, and a schedule's task
     carries its slot. A due task takes its place in the fair line (`core.store.line`);
@@ -246,15 +245,19 @@ def insert_tasks(
     wanted = sorted({new.model for new in news})
     rows = [_task_values(new, now) for new in news]
     due = [row for row in rows if row["run_at"] <= now]
-    for row, place in zip(due, places(conn, [(row["client_id"], row["priority"])
-                                             for row in due])):
-        row["vtime"] = place
-    at_once = conn.dialect.name == "postgresql"  # one round trip: `core.store.pg_births`
-    if at_once:
-        known, inserted = born_at_once(conn, rows, wanted, now, notify=announce)
+    joining = [(row["client_id"], row["priority"]) for row in due]
+    at_once = db.data_modifying_ctes  # one round trip: `core.store.pg_births`
+    if at_once:  # the statement finds the places itself
+        for row, offset in zip(due, line_offsets(joining)):
+            row["vtime"] = offset
+        known, placed = born_at_once(conn, rows, wanted, now, notify=announce)
+        for row in rows:
+            row["vtime"] = placed.get(row["id"])
+        inserted = set(placed)
     else:
-        known = len(set(conn.execute(_KNOWN_MODELS, {"models": wanted}).scalars())) == len(wanted)
-        inserted = _insert_rows_of(conn, rows, now) if known else set()
+        for row, place in zip(due, places(conn, joining)):
+            row["vtime"] = place
+        known, inserted = born_one_by_one(conn, rows, wanted, now)
     if not known:
         raise InvalidInput("model_not_found", "no model is registered under that id",
                            extra={"field": "model"})
@@ -262,20 +265,6 @@ def insert_tasks(
         db.announce_work(conn, notified=at_once)
     return [SimpleNamespace(**row, output_text="", input_tokens=0, output_tokens=0)
             if row["id"] in inserted else None for row in rows]
-
-
-def _insert_rows_of(conn: Connection, rows: list[dict[str, Any]], now: int) -> set[str]:
-    """The tasks, then the response rows and first events of those inserted; their ids."""
-    inserted = {row.id for row in insert_rows(conn, tasks, rows, skip_conflicts=True,
-                                              returning=[tasks.c.id])}
-    born = [row["id"] for row in rows if row["id"] in inserted]
-    if born:
-        insert_rows(conn, responses, [{"task_id": task_id, "output_text": "",
-                                       "updated_at": now} for task_id in born])
-        insert_rows(conn, task_events, [{"task_id": task_id, "seq": 1,
-                                         "type": "response.created", "created_at": now,
-                                         "data": "{}"} for task_id in born])
-    return inserted
 
 
 def _task_values(new: NewTask, now: int) -> dict[str, Any]:

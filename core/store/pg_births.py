@@ -6,10 +6,14 @@ server: measured under load, the round trips, not the work, bounded `POST
 /v1/responses`. Here the tasks go in as one `INSERT … SELECT FROM json_to_recordset`
 guarded by the model check, and the response rows and first events are inserted by
 data-modifying CTEs from the rows that insert returned, so a dedupe conflict skips
-all three rows of its task exactly as before. Same transaction, same rows, same
-outcome per request: one round trip instead of four (five with the NOTIFY that
-announces the work, which rides along too). SQLite (no data-modifying CTEs,
-and no round trips) keeps the four statements.
+all three rows of its task exactly as before. The due tasks' places in the fair line
+are found in the same statement: `core.store.line.places` asks two queries per
+(client, priority), each a round trip, and here the same two index probes are
+subqueries of the insert, which adds to each the offset of its task among that
+(client, priority)'s tasks of the batch (`line_offsets`). Same transaction, same rows,
+same places, same outcome per request: one round trip instead of six (seven with
+the NOTIFY that announces the work, which rides along too). SQLite (no data-modifying
+CTEs, and no round trips) keeps its statements (`core.store.sqlite_births`).
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     Connection,
     Integer,
     String,
     Text,
     bindparam,
+    case,
     func,
     insert,
     literal,
@@ -34,17 +40,31 @@ from sqlalchemy.dialects import postgresql
 
 from core.store.bulk import json_rows, rows_param
 from core.store.database import WORK_CHANNEL
-from core.tables import models, responses, task_events, tasks
+from core.tables import IS_IN_LINE, models, responses, task_events, tasks
+
+
+def line_offsets(joining: Sequence[tuple[str, int]]) -> list[int]:
+    """For each (client id, priority) joining the line, in order, how many of the same
+    pair joined before it in this batch: `core.store.line.places` gives the first of a
+    pair its place and each next one the round after."""
+    seen: dict[tuple[str, int], int] = {}
+    offsets = []
+    for key in joining:
+        offsets.append(seen.get(key, 0))
+        seen[key] = offsets[-1] + 1
+    return offsets
 
 
 def born_at_once(
     conn: Connection, rows: Sequence[Mapping[str, Any]], wanted_models: Sequence[str], now: int,
     *, notify: bool,
-) -> tuple[bool, set[str]]:
+) -> tuple[bool, dict[str, int | None]]:
     """Insert the tasks `rows` (all with the same keys) with their response rows and
-    first events; `(every model known, ids of the tasks inserted)`. Nothing is inserted
-    when a model is unknown; a task whose dedupe key is held is skipped. `notify`: the
-    same statement NOTIFYs `WORK_CHANNEL` (`Database.announce_work(notified=True)`)."""
+    first events; `(every model known, place in the line of each task inserted by id)`.
+    A row's `vtime` is its `line_offsets` offset if it is due, else None (it waits
+    outside the line). Nothing is inserted when a model is unknown; a task whose dedupe
+    key is held is skipped. `notify`: the same statement NOTIFYs `WORK_CHANNEL`
+    (`Database.announce_work(notified=True)`)."""
     statement = _statement(tuple(rows[0]), notify)
     # One order of dedupe keys for every batch: batches in flight side by side then
     # wait for each other's keys in one direction only, never in a deadlock (stable,
@@ -52,7 +72,7 @@ def born_at_once(
     ordered = sorted(rows, key=lambda row: (row["client_id"], row["dedupe_key"] or ""))
     answer = conn.execute(statement, {"rows": rows_param(ordered), "models": list(wanted_models),
                                       "wanted": len(wanted_models), "now": now}).one()
-    return answer.known == len(wanted_models), set(answer.ids or ())
+    return answer.known == len(wanted_models), dict(answer.places or {})
 
 
 @cache
@@ -61,11 +81,12 @@ def _statement(keys: tuple[str, ...], notify: bool) -> Any:
     known = (select(func.count()).select_from(models)
              .where(models.c.id.in_(bindparam("models", expanding=True)))
              .scalar_subquery())
+    values = [_placed(given) if key == "vtime" else given.c[key] for key in keys]
     born = (postgresql.insert(tasks)
             .from_select([tasks.c[key] for key in keys],
-                         select(*given.c).where(known == bindparam("wanted", type_=Integer)))
+                         select(*values).where(known == bindparam("wanted", type_=Integer)))
             .on_conflict_do_nothing()
-            .returning(tasks.c.id)
+            .returning(tasks.c.id, tasks.c.vtime)
             .cte("born"))
     now = bindparam("now", type_=BigInteger)
     answers = insert(responses).from_select(
@@ -76,8 +97,22 @@ def _statement(keys: tuple[str, ...], notify: bool) -> Any:
          task_events.c.created_at, task_events.c.data],
         select(born.c.id, literal(1, Integer), literal("response.created", String),
                now, literal("{}", Text))).cte("created")
-    columns: list[Any] = [known.label("known"),
-               select(func.array_agg(born.c.id)).scalar_subquery().label("ids")]
+    places = select(func.json_object_agg(born.c.id, born.c.vtime, type_=JSON))
+    columns: list[Any] = [known.label("known"), places.scalar_subquery().label("places")]
     if notify:
         columns.append(func.pg_notify(literal(WORK_CHANNEL, String), literal("", String)))
     return select(*columns).add_cte(answers, created)
+
+
+def _placed(given: Any) -> Any:
+    """A due row's place: `core.store.line.places`' rule (the round served now at its
+    priority, or the round after its client's last one in line there if that is later)
+    plus its offset in the batch; a row that is not due stays outside the line."""
+    now_serving = func.coalesce(
+        select(func.min(tasks.c.vtime))
+        .where(IS_IN_LINE, tasks.c.priority == given.c.priority).scalar_subquery(), 0)
+    last_round = (select(func.max(tasks.c.vtime))
+                  .where(IS_IN_LINE, tasks.c.client_id == given.c.client_id,
+                         tasks.c.priority == given.c.priority).scalar_subquery())
+    first = func.greatest(now_serving, func.coalesce(last_round + 1, now_serving))
+    return case((given.c.vtime.is_(None), None), else_=first + given.c.vtime)

@@ -5,11 +5,19 @@ Commands are imported when they are run, not when the command line is parsed: a
 every operator command's (measured: most of a sweeper's start-up was imports).
 `COMMAND_MODULES` names each command's module; `tests/api/test_cli.py` checks it
 against the modules' own `COMMANDS`.
+
+A command's modules are imported with the cyclic garbage collector paused: imports
+allocate ~75,000 tracked objects that live as long as the process (~600 of them are
+garbage), and the collector scanning them again and again while they were allocated
+was ~12 % of a sweeper's import CPU (issue 15).
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 
@@ -29,8 +37,23 @@ class _LazyGroup(click.Group):
         module_name = COMMAND_MODULES.get(cmd_name)
         if module_name is None:
             return None
-        module = importlib.import_module(f"infra.cli.{module_name}")
+        with collector_paused():
+            module = importlib.import_module(f"infra.cli.{module_name}")
         return next(c for c in module.COMMANDS if c.name == cmd_name)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Run an import-heavy block without cyclic collections (the next collection runs
+    once it ends). A no-op when the collector is off already."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

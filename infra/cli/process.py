@@ -11,13 +11,14 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import click
 
 from core.engines.registry import import_engine_modules
 from core.settings import Settings, SettingsError, load_settings
 from core.store.recovery import recover as recover_tasks
+from infra.cli import collector_paused
 from infra.cli.context import database, domain_errors, emit, settings_or_exit
 from infra.migrate import upgrade
 
@@ -52,8 +53,8 @@ def recover(all_nodes: bool, as_json: bool) -> None:
               help="Accepted for symmetry with other commands: the summary is always JSON.")
 def sweep(as_json: bool) -> None:
     """Exactly one sweeper pass (for cron), then exit 0 with a one-line JSON summary."""
-    from scheduler.sweep import sweep_once
-
+    with collector_paused():
+        from scheduler.sweep import sweep_once
     settings = _worker_settings()
     stop = threading.Event()
     with database(settings) as db, _stop_on_signals(stop.set):
@@ -66,13 +67,18 @@ def sweep(as_json: bool) -> None:
               help="Maintenance passes (overrides TASKWARD_SWEEP_SCHEDULE).")
 def sweeper(schedule: str | None) -> None:
     """Long-running sweeper: continuous claiming, maintenance on a cron schedule."""
-    from scheduler.loop import SweeperLoop
-
-    settings = _worker_settings(**({"sweep_schedule": schedule} if schedule else {}))
     stop = threading.Event()
-    with database(settings) as db, _stop_on_signals(stop.set):
-        loop = SweeperLoop(db, settings)
-        loop.start()
+    with ExitStack() as running:
+        # From exec to the first claim, the garbage collector would only rescan what
+        # start-up allocates for good (see `infra.cli`); `start` returns after the claim.
+        with collector_paused():
+            from scheduler.loop import SweeperLoop
+
+            settings = _worker_settings(**({"sweep_schedule": schedule} if schedule else {}))
+            db = running.enter_context(database(settings))
+            running.enter_context(_stop_on_signals(stop.set))
+            loop = SweeperLoop(db, settings)
+            loop.start()
         log.info("sweeper started (node %s)", settings.node_id)
         while not stop.wait(0.5):
             pass
@@ -85,8 +91,8 @@ def sweeper(schedule: str | None) -> None:
 @click.option("--port", default=8000, show_default=True, type=int)
 def run(host: str, port: int) -> None:
     """All-in-one: migrate, recover, then the API and the sweeper loop in one process."""
-    from infra.runtime import prepare, serve_all_in_one
-
+    with collector_paused():
+        from infra.runtime import prepare, serve_all_in_one
     settings = _worker_settings()
     with domain_errors():
         prepared = prepare(settings)
@@ -111,7 +117,7 @@ def _worker_settings(**overrides: object) -> Settings:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # `run` migrates: keep it quiet
-    with domain_errors():
+    with domain_errors(), collector_paused():
         import_engine_modules(settings.engine_module_names)
     return settings
 

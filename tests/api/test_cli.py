@@ -147,8 +147,29 @@ def test_the_sweeper_command_loads_no_http_server() -> None:
     import subprocess
     import sys
 
+    # Nor what only other commands or processes use: alembic migrates, pydantic-settings
+    # is not used at all (`core.settings` reads its sources itself).
+    unused = ("granian", "litestar", "handlers", "alembic", "pydantic_settings", "httpx")
     probe = ("import sys; from infra.cli import main; main.get_command(None, 'sweeper'); "
-             "print(sorted(m for m in ('granian', 'litestar', 'handlers') if m in sys.modules))")
+             "import scheduler.loop; "
+             f"print(sorted(m for m in {unused!r} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_command_modules_are_imported_with_the_collector_paused() -> None:
+    import gc
+
+    from infra.cli import collector_paused
+
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()

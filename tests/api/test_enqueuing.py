@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from core.errors import InvalidInput
 from core.idempotency import IdempotencyClaim
@@ -135,3 +137,55 @@ def test_postgresql_answers_a_request_while_an_earlier_batch_still_waits(
                        "'resp_x', 0, 9999999999999)")
         asyncio.run(scenario(holder))
     assert order == ["later", "waiting"]
+
+
+# SQLite alone: PostgreSQL has no turn to wait for (`Database.write_turn` is free there).
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_requests_that_arrive_while_the_batch_waits_for_its_turn_join_it(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch is taken once the turn to write has come, not when it was asked for: what
+    arrived while another writer held the store commits in the same transaction."""
+    commits = []
+    original = db.write
+
+    def counted() -> Any:
+        commits.append(1)
+        return original()
+
+    monkeypatch.setattr(db, "write", counted)
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
+    held, release = threading.Event(), threading.Event()
+
+    def other_writer() -> None:
+        with db.write_turn():
+            held.set()
+            release.wait(timeout=10)
+
+    async def scenario() -> list[Enqueued]:
+        first = asyncio.ensure_future(enqueuer.enqueue(new(model_id), None))
+        await asyncio.sleep(0.2)  # its drainer now waits for the turn
+        later = [asyncio.ensure_future(enqueuer.enqueue(new(model_id), None))
+                 for _ in range(9)]
+        await asyncio.sleep(0.05)
+        release.set()
+        return await asyncio.gather(first, *later)
+
+    holder = threading.Thread(target=other_writer)
+    holder.start()
+    held.wait(timeout=10)
+    answers = asyncio.run(scenario())
+    holder.join()
+    assert len({answer.task_id for answer in answers}) == 10
+    assert len(commits) == 1
+
+
+def test_a_turn_that_fails_answers_every_waiting_request_with_its_error(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unavailable() -> Any:
+        raise OperationalError("BEGIN", {}, Exception("the store is gone"))
+
+    monkeypatch.setattr(db, "write_turn", unavailable)
+    answers = run_together(db, [(new(model_id), None) for _ in range(5)])
+    assert all(isinstance(answer, OperationalError) for answer in answers)

@@ -6,6 +6,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
+import pytest
 from freezegun import freeze_time
 
 from core.clock import Clock
@@ -82,3 +83,29 @@ def test_stopping_the_loop_hands_back_unfinished_work_and_ends_every_thread(
     assert event_types(db, task_id)[-1] == "response.queued"
     leftover = [t for t in set(threading.enumerate()) - before if t.is_alive()]
     assert leftover == []
+
+
+def test_work_queued_before_the_start_is_claimed_before_listening_and_maintenance(
+    db: Database, fast: Settings, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `start` returns once the first claim has: the task is no longer queued by then,
+    # and the maintenance pass (and the LISTEN connection) begin only after it.
+    task_id = new_task(db, model_id, input="words=1")
+    seen_at_maintenance: list[str] = []
+    original = SweeperLoop._maintain
+
+    def maintain(loop: SweeperLoop) -> None:
+        seen_at_maintenance.append(task_row(db, task_id).status)
+        original(loop)
+
+    monkeypatch.setattr(SweeperLoop, "_maintain", maintain)
+    loop = SweeperLoop(db, fast)
+    loop.start()
+    try:
+        assert task_row(db, task_id).status != Status.QUEUED
+        wait_until(lambda: seen_at_maintenance, timeout=5, what="the start's maintenance pass")
+        assert seen_at_maintenance[0] != Status.QUEUED
+        wait_until(lambda: task_row(db, task_id).status == Status.COMPLETED, timeout=5,
+                   what="completion")
+    finally:
+        loop.stop()

@@ -6,9 +6,11 @@ import json
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from core.errors import InvalidInput
 from core.store.database import Database
+from core.store.line import places
 from core.store.new_tasks import NewTask, insert_task, insert_tasks
 from core.tables import responses, task_events, tasks
 from tests.store.helpers import event_types, new_task, task_row
@@ -94,3 +96,44 @@ def test_insert_task_is_a_batch_of_one(db: Database, model_id: str) -> None:
     assert first is not None and second is None
     assert (first.status, first.last_seq, first.output_text) == ("queued", 1, "")
     assert counts(db) == (1, 1, 1)
+
+
+# SQLite alone: its tasks go in through the driver's own cursor (`core.store.sqlite_births`).
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_refused_write_through_the_driver_raises_as_sqlalchemy_does(
+    db: Database, model_id: str
+) -> None:
+    """A store that refuses the write (as a full disk does) raises SQLAlchemy's
+    `OperationalError`, which the API answers with 503, without the request in its text."""
+    with db.write() as conn:
+        conn.exec_driver_sql("PRAGMA query_only=ON")
+        try:
+            with pytest.raises(OperationalError) as refused:
+                insert_tasks(db, conn, [request(model_id, 7)], db.clock.now_ms())
+        finally:
+            conn.exec_driver_sql("PRAGMA query_only=OFF")
+    assert "readonly" in str(refused.value) and "words=7" not in str(refused.value)
+    assert counts(db) == (0, 0, 0)
+
+
+def test_a_batch_takes_the_places_in_line_that_line_places_gives(
+    db: Database, model_id: str
+) -> None:
+    """PostgreSQL finds the places inside its one statement (`core.store.pg_births`);
+    they are the ones `core.store.line.places` gives, on either store."""
+    for client, priority in [("client-a", 5), ("client-a", 5), ("client-b", 5), ("client-a", 1)]:
+        new_task(db, model_id, client=client, priority=priority)
+    batch = [request(model_id, n, client=client, priority=priority)
+             for n, (client, priority) in enumerate([
+                 ("client-a", 5), ("client-c", 5), ("client-a", 5), ("client-b", 1),
+                 ("client-a", 1), ("client-c", 5)])]
+    batch.insert(3, request(model_id, 9, client="client-a", run_at=2**60))  # not due
+    with db.write() as conn:
+        expected = places(conn, [(new.client_id, new.priority) for new in batch
+                                 if new.run_at is None])
+        conn.rollback()
+    with db.write() as conn:
+        answers = insert_tasks(db, conn, batch, db.clock.now_ms())
+    stored = [task_row(db, answer.id).vtime for answer in answers if answer is not None]
+    returned = [answer.vtime for answer in answers if answer is not None]
+    assert stored == returned == [*expected[:3], None, *expected[3:]]

@@ -103,7 +103,7 @@ def test_the_one_statement_claim_and_completion_write_what_the_separate_ones_wri
     results = []
     for at_once in (False, True):
         truncate_all(database_url)
-        monkeypatch.setattr(Database, "writes_in_one_statement", property(lambda _: at_once))
+        monkeypatch.setattr(Database, "data_modifying_ctes", property(lambda _: at_once))
         db = Database(create_db_engine(settings), _FixedClock())
         try:
             ids, taken, failures = _scenario(db, settings)
