@@ -39,16 +39,26 @@ class _FixedClock(Clock):
         return self.now
 
 
-def _scenario(db: Database, settings: Settings) -> tuple[dict[str, str], list[Any], list[Any]]:
-    """Tasks in every state a claim meets, claimed and completed; (ids by role, the
-    claims, the completion failures)."""
+class _Separate(Database):
+    """The same store, claiming and completing through the separate statements."""
+
+    @property
+    def data_modifying_ctes(self) -> bool:
+        return False
+
+
+def _scenario(
+    db: Database, worker: Database, settings: Settings
+) -> tuple[dict[str, str], list[Any], list[Any]]:
+    """Tasks in every state a claim meets, claimed and completed through `worker`;
+    (ids by role, the claims, the completion failures)."""
     (settings.models_dir / "words.bin").write_bytes(b"test engine model\n")
     register(db, settings.models_dir, "words.bin", model_id="words", engine="test.words")
     ids: dict[str, str] = {}
     for role, on_restart in (("resume", OnRestart.RESUME), ("resume_spent", OnRestart.RESUME),
                              ("retry", OnRestart.RETRY)):
         ids[role] = new_task(db, "words", client=f"client-{role}", on_restart=on_restart)
-        [held] = claims.claim(db, limit=1, lease_ms=LEASE, node_id="n")
+        [held] = claims.claim(worker, limit=1, lease_ms=LEASE, node_id="n")
         worker_writes.append_output(
             db, held.task_id, held.owner_token,
             [Event("response.output_item.added", {"output_index": 0}),
@@ -61,13 +71,13 @@ def _scenario(db: Database, settings: Settings) -> tuple[dict[str, str], list[An
     force(db, ids["spent"], attempts=3, max_attempts=3)
     force(db, ids["resume"], lease_expires_at=NOW - 1)
     force(db, ids["resume_spent"], lease_expires_at=NOW - 1, attempts=3, max_attempts=3)
-    taken = claims.claim(db, limit=10, lease_ms=LEASE, node_id="n")
+    taken = claims.claim(worker, limit=10, lease_ms=LEASE, node_id="n")
     by_id = {c.task_id: c for c in taken}
     fresh, resumed = by_id[ids["fresh"]], by_id[ids["resume"]]
     force(db, ids["retry"], status=Status.CANCELLING.value)  # a cancel came meanwhile
     retry = by_id[ids["retry"]]
     closing = [Event("response.output_text.done", {"text": "x"})]
-    failures = completion.complete_all(db, [
+    failures = completion.complete_all(worker, [
         completion.Completion(fresh.task_id, fresh.owner_token, closing, Usage(1, 1), "x",
                               start=True),
         completion.Completion(resumed.task_id, resumed.owner_token, [], Usage(4, 2), "c"),
@@ -98,15 +108,16 @@ def _claims(taken: list[Any], ids: dict[str, str]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_the_one_statement_claim_and_completion_write_what_the_separate_ones_write(
-    database_url: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    database_url: str, settings: Settings
 ) -> None:
     results = []
     for at_once in (False, True):
         truncate_all(database_url)
-        monkeypatch.setattr(Database, "data_modifying_ctes", property(lambda _: at_once))
-        db = Database(create_db_engine(settings), _FixedClock())
+        clock = _FixedClock()
+        db = Database(create_db_engine(settings), clock)
+        worker = Database(db.engine, clock) if at_once else _Separate(db.engine, clock)
         try:
-            ids, taken, failures = _scenario(db, settings)
+            ids, taken, failures = _scenario(db, worker, settings)
             for task_id in ids.values():
                 assert_log_sound(db, task_id)
             results.append((_claims(taken, ids), failures, _dump(db, ids)))
