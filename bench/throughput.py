@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +29,7 @@ import httpx
 from sqlalchemy import func, select
 
 import tests.engines  # noqa: F401  registers the `test.words` engine its model names
+from bench.peer_systems import processes
 from bench.store import raw_pg_rate, raw_sqlite_rate
 from core.models_registry import register
 from core.settings import Settings
@@ -73,24 +71,6 @@ def store(kind: str, workdir: Path) -> Iterator[Settings]:
             context.__exit__(None, None, None)
 
 
-@contextmanager
-def processes(
-    commands: list[tuple[dict[str, str], list[str]]], logs: Path
-) -> Iterator[list[subprocess.Popen[bytes]]]:
-    started = []
-    try:
-        for index, (env, args) in enumerate(commands):
-            log = (logs / f"{index}-{args[0]}.log").open("wb")
-            started.append(subprocess.Popen([TASKWARD, *args], env=env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True))
-        yield started
-    finally:
-        for child in started:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait(timeout=10)
-
-
 def enqueue_at_once(db: Database, count: int) -> float:
     """Commit `count` no-op tasks in one transaction; returns the commit's end time."""
     request = json.dumps({"model": MODEL, "input": "words=1"})
@@ -113,13 +93,14 @@ def throughput(
     settings: Settings, sweepers: int, count: int, concurrency: int, logs: Path
 ) -> float:
     env = environment(settings, worker_concurrency=concurrency)
-    commands = [({**env, "TASKWARD_NODE_ID": f"bench-{i}"}, ["sweeper"]) for i in range(sweepers)]
+    commands = [([TASKWARD, "sweeper"], {**env, "TASKWARD_NODE_ID": f"bench-{i}"})
+                for i in range(sweepers)]
     db = Database(create_db_engine(settings))
     try:
-        with processes(commands, logs):
+        with processes(commands, logs, "sweeper"):
             wait_until(lambda: all("sweeper started" in p.read_text()
-                                   for p in logs.glob("*-sweeper.log")) and
-                       len(list(logs.glob("*-sweeper.log"))) == sweepers,
+                                   for p in logs.glob("sweeper-*.log")) and
+                       len(list(logs.glob("sweeper-*.log"))) == sweepers,
                        timeout=60, what="sweepers up")
             start = enqueue_at_once(db, count)
             wait_until(lambda: completed(db) >= count, timeout=600, what="all completed")
@@ -134,7 +115,8 @@ def claim_latency(settings: Settings, count: int, logs: Path) -> tuple[float, fl
     db = Database(create_db_engine(settings))
     token = create_client(db, name="bench", scopes=frozenset({"admin"})).token
     try:
-        with processes([(environment(settings), ["run", "--port", str(port)])], logs):
+        with processes([([TASKWARD, "run", "--port", str(port)], environment(settings))], logs,
+                       "run"):
             base = f"http://127.0.0.1:{port}"
             wait_until(lambda: _healthy(base), timeout=60, what="the API")
             ids = []

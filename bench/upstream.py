@@ -15,6 +15,12 @@ Direct and taskward rounds alternate; per level the best aggregate tokens/s and 
 time to the first text delta (from sending the request) of all rounds are printed.
 The store's write load at the highest level comes from the event log: events and
 write transactions (claims, flushes, completions) per generated token and per second.
+So does taskward's CPU time per generated token and per second (user + system of
+every process of the `taskward run`, from /proc, over that level's taskward rounds): at
+8 streams every CPU second of taskward's is one the saturated llama-server does not
+get. Unlike a ratio, CPU time is not stretched by waiting for a core; much of it goes
+per second (flushes every interval, ticks) rather than per token, though, so compare
+per-token figures of runs whose token rates are alike.
 """
 
 from __future__ import annotations
@@ -143,6 +149,20 @@ def write_load(database: Path, since_ms: int, seconds: float, tokens: int) -> st
             f"{events / seconds:.0f} events/s, {writes / seconds:.0f} transactions/s")
 
 
+def cpu_seconds(group: int) -> float:
+    """User + system CPU seconds so far of the live processes of process group `group`."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended while we looked
+            continue
+        if int(fields[2]) == group:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--levels", default="1,4,8")
@@ -172,6 +192,7 @@ def main() -> None:
             print("| concurrency | direct tokens/s | taskward tokens/s | ratio | "
                   "direct TTFT p50 ms | taskward TTFT p50 ms | difference ms |")
             print("|---|---|---|---|---|---|---|")
+            cpu, cpu_tokens, cpu_wall = 0.0, 0, 0.0
             for level in levels:
                 best = {name: 0.0 for name in sides}
                 firsts: dict[str, list[float]] = {name: [] for name in sides}
@@ -179,12 +200,16 @@ def main() -> None:
                     for name, one in sides.items():
                         if name == "taskward" and level == levels[-1]:
                             since_ms, started = int(time.time() * 1000), time.perf_counter()
+                            cpu_before = cpu_seconds(running.process.pid)
                         rate, ttfts = round_of(one, level)
                         best[name] = max(best[name], rate)
                         firsts[name] += ttfts
                         if name == "taskward" and level == levels[-1]:
                             load_window = (since_ms, time.perf_counter() - started,
                                            int(rate * (time.perf_counter() - started)))
+                            cpu += cpu_seconds(running.process.pid) - cpu_before
+                            cpu_tokens += load_window[2]
+                            cpu_wall += load_window[1]
                 p50 = {name: statistics.median(values) * 1000 for name, values in firsts.items()}
                 print(f"| {level} | {best['direct']:.0f} | {best['taskward']:.0f} | "
                       f"{best['taskward'] / best['direct']:.2f} | {p50['direct']:.0f} | "
@@ -192,6 +217,10 @@ def main() -> None:
             since_ms, seconds, tokens = load_window
             print(f"store write load at {levels[-1]} streams (last round): "
                   f"{write_load(root / 'taskward.db', since_ms, seconds, tokens)}")
+            print(f"taskward CPU at {levels[-1]} streams: {cpu * 1000 / cpu_tokens:.2f} CPU-ms "
+                  f"per generated token ({cpu:.2f} CPU-s for {cpu_tokens} tokens in "
+                  f"{cpu_wall:.1f} s, {cpu / cpu_wall:.3f} CPU-s/s; load average "
+                  f"{os.getloadavg()[0]:.1f})")
         finally:
             children.kill_all()
             server.kill9()

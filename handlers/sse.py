@@ -9,6 +9,7 @@ terminal event, so a client that reads to the end has seen the whole life of the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -81,10 +82,13 @@ async def event_stream(
     """`200 text/event-stream` of the events after `after`.
 
     The first page is read before answering, so an unknown task (or another client's)
-    is a proper 404 problem rather than a stream that breaks at once. Before each later
-    page `still_allowed()` is asked whether the caller's token still holds (a revoked
-    client's streams end within a page or a keep-alive). `held` ends the client's hold
-    on a stream slot (`handlers.limits`): called once the stream is over, however it ends.
+    is a proper 404 problem rather than a stream that breaks at once. Before a later
+    page, once `AUTH_RECHECK_SECONDS` have passed since it was last asked, and every
+    `AUTH_RECHECK_SECONDS` of an idle stream, `still_allowed()` is asked whether the
+    caller's token still holds: a revoked client's streams end within about a second,
+    and a stream of ten pages a second does not pay for ten checks. `held` ends the
+    client's hold on a stream slot (`handlers.limits`): called once the stream is over,
+    however it ends.
     """
     try:
         first = await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE)
@@ -112,6 +116,8 @@ async def _frames(
     db: Database, tail: LiveTail, task_id: str, owner: str | None, page: EventsPage, after: int,
     still_allowed: StillAllowed,
 ) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    checked_at = loop.time()  # the caller was authenticated just before the first page
     while True:
         for event in page.events:
             yield frame(event)
@@ -126,8 +132,10 @@ async def _frames(
                 if keepalive is None:
                     return
                 yield keepalive
-        if not await still_allowed():
-            return
+        if loop.time() - checked_at >= AUTH_RECHECK_SECONDS:
+            if not await still_allowed():
+                return
+            checked_at = loop.time()
         try:
             page = await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE)
         except NotFound:  # removed while we followed it (retention, DELETE)

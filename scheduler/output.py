@@ -48,14 +48,13 @@ class Output:
         self.usage = claim.usage
         self._interval_ms = interval_ms
         self._max_bytes = max_bytes
-        self._last_flush_ms = now_ms
-        self._first_text_ms: int | None = None  # when the attempt's first text arrived
+        self._pending_since_ms = now_ms  # when the oldest pending text arrived
         self._flushed = False
 
     def add(self, chunk: Chunk, now_ms: int) -> None:
-        if chunk.text and not self._flushed and self._first_text_ms is None:
-            self._first_text_ms = now_ms
         if chunk.text:
+            if not self._pending:
+                self._pending_since_ms = now_ms
             self._pending.append(chunk.text)
             self._pending_bytes += len(chunk.text.encode())
         self._snapshot = chunk.snapshot
@@ -73,18 +72,21 @@ class Output:
         return max(0, self._due_at_ms() - now_ms)
 
     def _due_at_ms(self) -> int:
-        """The attempt's first text waits `FIRST_FLUSH_MS` from its arrival, later text
-        the flush interval from the last flush. The time to the first delta is what a
-        streaming client notices, while a task that ends within those milliseconds
-        still costs one write."""
-        if not self._flushed and self._first_text_ms is not None:
-            return min(self._first_text_ms + FIRST_FLUSH_MS,
-                       self._last_flush_ms + self._interval_ms)
-        return self._last_flush_ms + self._interval_ms
+        """Pending text waits at most the flush interval from its arrival (docs/events.md),
+        the attempt's first text only `FIRST_FLUSH_MS`: the time to the first delta is
+        what a streaming client notices, while a task that ends within those
+        milliseconds still costs one write. Counting from the oldest pending text rather
+        than from the last flush gathers the text arriving until then into the same
+        delta: a steady stream flushes every interval plus one gap between its tokens,
+        not every interval, and no text waits longer."""
+        wait = self._interval_ms if self._flushed else min(FIRST_FLUSH_MS, self._interval_ms)
+        return self._pending_since_ms + wait
 
     def take_flush(self, now_ms: int) -> Flush | None:
-        """The pending text as one delta event (opening item/part first if needed)."""
-        self._last_flush_ms = now_ms
+        """The pending text as one delta event (opening item/part first if needed).
+
+        `now_ms` is no longer needed (text is timed from its arrival); it stays while
+        `scheduler.execute` passes it."""
         if not self._pending:
             return None
         self._flushed = True

@@ -154,19 +154,22 @@ class UpstreamLoaded:
         echo = protocol.EchoStrip(progress.text)
         earlier_tokens = progress.output_tokens
         finished = False
-        for piece in self._pieces(url, body, headers, should_stop):
-            if piece.prompt_tokens is not None and not earlier_tokens:
-                progress.input_tokens = piece.prompt_tokens
-            if piece.completion_tokens is not None:
-                progress.output_tokens = earlier_tokens + piece.completion_tokens
-            elif piece.text:
-                progress.output_tokens += 1  # most servers stream one token per delta
-            text = echo.push(piece.text)
-            if piece.finished:
-                text += echo.flush()
-                finished = True
+        for pieces in self._pieces(url, body, headers, should_stop):
+            text, counted = "", False
+            for piece in pieces:
+                if piece.prompt_tokens is not None and not earlier_tokens:
+                    progress.input_tokens = piece.prompt_tokens
+                if piece.completion_tokens is not None:
+                    progress.output_tokens = earlier_tokens + piece.completion_tokens
+                    counted = True
+                elif piece.text:
+                    progress.output_tokens += 1  # most servers stream one token per delta
+                text += echo.push(piece.text)
+                if piece.finished:
+                    text += echo.flush()
+                    finished = True
             progress.text += text
-            if text or piece.completion_tokens is not None:
+            if text or counted:
                 yield progress.chunk(text)
         if should_stop():
             return
@@ -182,9 +185,11 @@ class UpstreamLoaded:
     def _pieces(
         self, url: str, body: dict[str, Any], headers: dict[str, str],
         should_stop: Callable[[], bool],
-    ) -> Iterator[protocol.Piece]:
-        """The parsed chunks of one request, until the stream ends or `should_stop`;
-        leaving early (either way) closes the connection at once."""
+    ) -> Iterator[list[protocol.Piece]]:
+        """The parsed chunks of one request, a list per network read (one chunk for
+        the whole list: a wake-up and a snapshot per read, not per token), until the
+        stream ends or `should_stop`; leaving early (either way) closes the connection
+        at once. What a read brought before an error is yielded before the error."""
         inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         seconds = self._entry.timeout_seconds
         timeout = httpx.Timeout(seconds, connect=min(seconds, _CONNECT_SECONDS))
@@ -204,11 +209,15 @@ class UpstreamLoaded:
                     self._refused(url, protocol.status_error(url, item.code, item.retry_after))
                 if isinstance(item, BaseException):
                     self._broken(url, item)
-                try:
-                    piece = protocol.parse_chunk(item, url)
-                except EngineError as error:
-                    self._refused(url, error)
-                yield piece
+                pieces: list[protocol.Piece] = []
+                for payload in item:
+                    try:
+                        pieces.append(protocol.parse_chunk(payload, url))
+                    except EngineError as error:
+                        if pieces:
+                            yield pieces
+                        self._refused(url, error)
+                yield pieces
                 if should_stop():
                     return
         finally:

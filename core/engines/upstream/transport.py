@@ -6,6 +6,11 @@ blocking read cannot be interrupted from another thread, an asyncio task can. So
 request runs as a task on this loop and hands its lines to the engine thread through a
 queue; cancelling the task closes the connection, and the server frees its slot.
 
+A streamed token costs this loop one network read, so the read path is kept short: the
+body is split into lines as bytes (no text decoding of what is not a `data:` line),
+every payload of one read goes to the engine thread as one batch (one wake-up, however
+many tokens the read brought), and the loop is uvloop where installed, as the API's is.
+
 One pooled `httpx.AsyncClient` per process (re-created after a fork), redirects never
 followed: a redirect could send the request, and its key, to a host nobody allowed.
 """
@@ -37,12 +42,14 @@ class Status:
 
 
 END = object()  # the stream is over (after [DONE], or the connection ended)
+_DONE = b"[DONE]"
+_LINE_ENDS = (b"\n", b"\r")
 
 
 class _Transport:
     def __init__(self, max_connections: int) -> None:
         self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="upstream-http",
                                         daemon=True)
         self._thread.start()
@@ -52,6 +59,15 @@ class _Transport:
 
     def run(self, work: Coroutine[Any, Any, Any]) -> Future[Any]:
         return asyncio.run_coroutine_threadsafe(work, self.loop)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where installed (granian's `auto` picks it for the API too), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 async def _new_client(limits: httpx.Limits) -> httpx.AsyncClient:
@@ -71,9 +87,10 @@ def open_stream(
     into: queue.SimpleQueue[Any], *, max_connections: int,
 ) -> Future[Any]:
     """POST `body` to `url` with `stream: true` and put into `into`, in order: a `Status`
-    (then END) for a non-200 answer, else each `data:` payload parsed as JSON; then END.
-    A transport failure is put as the exception itself, before END. Cancelling the
-    returned future closes the connection at once."""
+    (then END) for a non-200 answer, else lists of the `data:` payloads parsed as JSON
+    (each list non-empty: what one read brought); then END. A transport failure is put
+    as the exception itself, after the payloads read before it and before END.
+    Cancelling the returned future closes the connection at once."""
     transport = _shared(max_connections)
     return transport.run(_pump(transport.client, url, body, headers, timeout, into))
 
@@ -82,20 +99,45 @@ async def _pump(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
     timeout: httpx.Timeout, into: queue.SimpleQueue[Any],
 ) -> None:
+    batch: list[Any] = []
     try:
         async with client.stream("POST", url, json=body, headers=headers,
                                  timeout=timeout) as response:
             if response.status_code != 200:
                 into.put(Status(response.status_code, response.headers.get("retry-after")))
                 return
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # comments, event names, keep-alives
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    return
-                into.put(json.loads(payload))
+            lines = DataLines()
+            async for data in response.aiter_bytes():
+                for payload in lines.feed(data):
+                    if payload == _DONE:
+                        return
+                    batch.append(json.loads(payload))
+                if batch:
+                    into.put(batch)
+                    batch = []
     except Exception as exc:  # the engine thread maps it to an error code
+        if batch:
+            into.put(batch)
+            batch = []
         into.put(exc)
     finally:
+        if batch:
+            into.put(batch)
         into.put(END)
+
+
+class DataLines:
+    """The `data:` payloads of an SSE body fed in arbitrary pieces, as bytes.
+
+    Lines end in LF, CRLF or CR; a CRLF split between two pieces only makes an empty
+    line, which carries nothing. Comments, event names and keep-alives are skipped
+    without being decoded.
+    """
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        lines = (self._rest + data).splitlines(keepends=True)
+        self._rest = lines.pop() if lines and not lines[-1].endswith(_LINE_ENDS) else b""
+        return [line[5:].strip() for line in lines if line.startswith(b"data:")]

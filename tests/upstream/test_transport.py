@@ -1,0 +1,67 @@
+"""Reading an upstream's SSE body: `data:` payloads split out of bytes however the
+network cuts them, handed over one batch per read, with failures after what came first."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from core.engines.upstream.transport import END, DataLines, _pump
+
+
+def fed(*pieces: bytes) -> list[bytes]:
+    lines = DataLines()
+    return [payload for piece in pieces for payload in lines.feed(piece)]
+
+
+def test_payloads_are_whole_however_the_body_is_cut() -> None:
+    body = b'data: {"a": 1}\n\ndata: {"b": "\xc3\xa9"}\n\ndata: [DONE]\n\n'
+    whole = fed(body)
+    assert whole == [b'{"a": 1}', b'{"b": "\xc3\xa9"}', b"[DONE]"]
+    assert fed(*(body[i:i + 1] for i in range(len(body)))) == whole  # byte by byte
+
+
+def test_every_line_ending_counts_and_other_lines_are_skipped() -> None:
+    assert fed(b": keep-alive\r\nevent: x\r\ndata: 1\r", b"\ndata:2\rdata: 3\n") == [
+        b"1", b"2", b"3"]
+
+
+def test_a_line_still_open_waits_for_its_end() -> None:
+    lines = DataLines()
+    assert lines.feed(b"data: 12") == []
+    assert lines.feed(b"34\n") == [b"1234"]
+
+
+def pumped(*pieces: bytes) -> list[Any]:
+    """What `_pump` hands the engine thread for a 200 answer streaming `pieces`."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    async def run() -> list[Any]:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body()))
+        into: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        async with httpx.AsyncClient(transport=transport) as client:
+            await _pump(client, "http://upstream.test/v1/chat/completions", {}, {},
+                        httpx.Timeout(5), into)
+        return [into.get_nowait() for _ in range(into.qsize())]
+
+    return asyncio.run(run())
+
+
+def test_one_read_is_one_batch_and_the_stream_ends_at_done() -> None:
+    assert pumped(b'data: {"n": 1}\n\ndata: {"n": 2}\n\n', b'data: {"n": 3}\n\n',
+                  b"data: [DONE]\n\ndata: {\"n\": 4}\n\n") == [
+        [{"n": 1}, {"n": 2}], [{"n": 3}], END]
+
+
+def test_a_broken_payload_comes_after_what_its_read_brought_before_it() -> None:
+    items = pumped(b'data: {"n": 1}\n\ndata: {broken\n\n')
+    assert items[0] == [{"n": 1}]
+    assert isinstance(items[1], ValueError)
+    assert items[2:] == [END]
