@@ -50,31 +50,39 @@ NOOP_REQUEST = {"model": MODEL, "input": "words=1"}
 SLOTS = 16
 
 
+@dataclass(frozen=True)
+class Child:
+    """A benchmark process and when it was spawned (epoch s)."""
+
+    process: subprocess.Popen[bytes]
+    spawned_at: float
+
+
 @contextmanager
 def processes(commands: list[tuple[list[str], dict[str, str]]], logs: Path,
-              name: str) -> Iterator[list[float]]:
-    """Start `commands` (argv, environment); yields each one's spawn time (epoch s).
+              name: str) -> Iterator[list[Child]]:
+    """Start `commands` (argv, environment), each logging to `<name>-<index>.log`.
     SIGTERM then SIGKILL at the end: the figures are taken from the databases."""
-    started: list[subprocess.Popen[bytes]] = []
-    spawned: list[float] = []
+    started: list[Child] = []
     try:
         for index, (argv, env) in enumerate(commands):
             log = (logs / f"{name}-{index}.log").open("wb")
-            spawned.append(time.time())
-            started.append(subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True))
-        yield spawned
+            spawned_at = time.time()
+            started.append(Child(subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log,
+                                                  stderr=subprocess.STDOUT,
+                                                  start_new_session=True), spawned_at))
+        yield started
     finally:
         for child in started:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
+            if child.process.poll() is None:
+                os.killpg(child.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + 3
         for child in started:
             try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait(timeout=10)
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait(timeout=10)
 
 
 def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
@@ -138,8 +146,8 @@ class Peer:
         commands = [(self._argv(url, "worker", "--slots", str(slots),
                                 "--log", str(logs / f"{self.name}-executions-{i}")),
                      {**os.environ, "PYTHONPATH": str(ROOT)}) for i in range(count)]
-        with processes(commands, logs, f"{self.name}-worker") as spawned:
-            yield spawned
+        with processes(commands, logs, f"{self.name}-worker") as children:
+            yield [child.spawned_at for child in children]
 
     def enqueue(self, url: str, producers: int, seconds: float, logs: Path) -> dict[str, Any]:
         result: dict[str, Any] = self._step(url, "enqueue", "--producers", str(producers),
@@ -245,8 +253,8 @@ class Taskward:
         commands = [([TASKWARD, "sweeper"],
                      self._env(url, worker_concurrency=slots, node_id=f"bench-{i}"))
                     for i in range(count)]
-        with processes(commands, logs, f"{self.name}-sweeper") as spawned:
-            yield spawned
+        with processes(commands, logs, f"{self.name}-sweeper") as children:
+            yield [child.spawned_at for child in children]
 
     @contextmanager
     def _api(self, url: str, logs: Path, *, with_sweeper: bool = False) -> Iterator[int]:

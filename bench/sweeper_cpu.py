@@ -22,7 +22,8 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from bench.throughput import completed, enqueue_at_once, processes, store
+from bench.peer_systems import processes
+from bench.throughput import TASKWARD, completed, enqueue_at_once, store
 from core.settings import Settings
 from core.store.connect import create_db_engine
 from core.store.database import Database
@@ -56,11 +57,12 @@ def measure(settings: Settings, sweepers: int, count: int, slots: int,
     """(CPU ms per task of all sweepers together, of their database backends (0 on
     SQLite), tasks per second)."""
     env = environment(settings, worker_concurrency=slots)
-    commands = [({**env, "TASKWARD_NODE_ID": f"cpu-{i}"}, ["sweeper"]) for i in range(sweepers)]
+    commands = [([TASKWARD, "sweeper"], {**env, "TASKWARD_NODE_ID": f"cpu-{i}"})
+                for i in range(sweepers)]
     db = Database(create_db_engine(settings))
     try:
-        with processes(commands, logs) as children:
-            wait_until(lambda: len([p for p in logs.glob("*-sweeper.log")
+        with processes(commands, logs, "sweeper") as children:
+            wait_until(lambda: len([p for p in logs.glob("sweeper-*.log")
                                     if "sweeper started" in p.read_text()]) == sweepers,
                        timeout=60, what="sweepers up")
             time.sleep(0.5)  # the start-up's last steps after the log line
@@ -68,12 +70,12 @@ def measure(settings: Settings, sweepers: int, count: int, slots: int,
             with db.read() as conn:  # the bench's own backend (enqueue, polling) is left out
                 own = None if settings.is_sqlite else conn.execute(
                     text("SELECT pg_backend_pid()")).scalar()
-            before = sum(cpu_seconds(child.pid) for child in children)
+            before = sum(cpu_seconds(child.process.pid) for child in children)
             served = {} if settings.is_sqlite else server_cpu(name)
             start = enqueue_at_once(db, count)
             wait_until(lambda: completed(db) >= count, timeout=900, what="all completed")
             wall = time.perf_counter() - start
-            after = sum(cpu_seconds(child.pid) for child in children)
+            after = sum(cpu_seconds(child.process.pid) for child in children)
             serving = {} if settings.is_sqlite else server_cpu(name)
         server = sum(cpu - served.get(pid, 0.0) for pid, cpu in serving.items() if pid != own)
         return 1000 * (after - before) / count, 1000 * server / count, count / wall
