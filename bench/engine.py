@@ -10,8 +10,8 @@ Run from the repository root: `.venv/bin/python -m bench.engine` (options: `--to
   the worker runs them; they share the model's decode loop.
 - Two processes: two child processes decoding one sequence each at the same time, for
   `--seconds`, beside one child alone; each reports tokens/s, CPU seconds per token and
-  involuntary context switches. Cases: libgomp's spinning threads without the host
-  lock (the engine before), one thread each, passive threads (the default,
+  involuntary context switches. Cases: libgomp's long spin (the engine at first), one
+  thread each, passive threads (the engine next), and the short spin (the default,
   `core/engines/llama_native.py`) without the host lock (the default) and with it
   (`TASKWARD_ENGINE_HOST_LOCK`, opt-in).
 """
@@ -220,14 +220,17 @@ def main() -> None:
     if "contention" not in skip:
         lock = str(Path(tempfile.mkdtemp()) / "engine.lock")
         t = args.threads
-        spin = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default: what the engine ran before
+        spin = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default: what the engine ran first
+        passive = {"OMP_WAIT_POLICY": "passive"}  # what it ran next
         cases = [
-            ("one process alone", 1, t, "none", {}),
-            ("one process alone, spinning threads (before)", 1, t, "none", spin),
-            (f"two processes, {t} threads each, spinning, no lock (before)", 2, t, "none", spin),
-            ("two processes, 1 thread each, spinning, no lock", 2, 1, "none", spin),
-            (f"two processes, {t} threads each, passive, no lock (default)", 2, t, "none", {}),
-            (f"two processes, {t} threads each, passive, host lock (opt-in)", 2, t, lock, {}),
+            ("one process alone (default: short spin)", 1, t, "none", {}),
+            ("one process alone, long spin (libgomp's default)", 1, t, "none", spin),
+            ("one process alone, passive", 1, t, "none", passive),
+            (f"two processes, {t} threads each, long spin, no lock", 2, t, "none", spin),
+            ("two processes, 1 thread each, long spin, no lock", 2, 1, "none", spin),
+            (f"two processes, {t} threads each, passive, no lock", 2, t, "none", passive),
+            (f"two processes, {t} threads each, short spin, no lock (default)", 2, t, "none", {}),
+            (f"two processes, {t} threads each, short spin, host lock (opt-in)", 2, t, lock, {}),
         ]
         for name, processes, threads, case_lock, env in cases:
             results = contend(processes, threads=threads, lock=case_lock,

@@ -61,7 +61,7 @@ class Settings(BaseModel):
     engine_threads: int = Field(default_factory=usable_cores, ge=1, le=256)
     engine_context_tokens: int = Field(8192, ge=256, le=1_048_576)
     # Opt-in: every taskward process on a host takes turns on this file around each
-    # compute step. Off by default: with passive OpenMP threads, two processes without
+    # compute step. Off by default: with the engine's short OpenMP spin, two processes without
     # it did better in every measured run (docs/benchmarks.md, "Two processes").
     engine_host_lock: str = ""
     model_cache_size: int = Field(2, ge=1, le=32)

@@ -2,10 +2,10 @@
 
 Processes that name the same file take turns on it around each decode step, so their
 llama.cpp threads never share the cores at once; one uncontended `flock` per step.
-It is off by default: once the engine's OpenMP threads wait passively
-(`core.engines.llama_native`), two processes without turns did better than with them
-in every run measured here, all on a loaded host (docs/benchmarks.md); it is meant
-for a host that runs nothing but taskward.
+It is off by default: once the engine's OpenMP threads spin only briefly before they
+sleep (`core.engines.llama_native`), two processes without turns did better than with
+them in every run measured here (docs/benchmarks.md); it is meant for a host that runs
+nothing but taskward.
 
 `flock` locks belong to an open file description, so two loops in one process exclude
 each other too, and the kernel drops a dead process's lock with its last descriptor.
