@@ -161,7 +161,8 @@ def main() -> None:
     concurrency = max(8, *args.task_counts)
     print(f"{args.tokens} tokens per task, greedy, {args.threads} engine threads, "
           f"TASKWARD_WORKER_CONCURRENCY={concurrency}, best of {args.runs}, SQLite; "
-          f"{load_average()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+          f"{load_average()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
+          f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}")
     init_backend()  # before any model: it picks the CPU variant (AVX2, ...)
     bare_model = llama_cpp.LlamaModel(str(default_model_source()), llama_cpp.LlamaModelParams())
     with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
