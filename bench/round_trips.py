@@ -32,17 +32,14 @@ from sqlalchemy import event
 
 import scheduler.workers
 import tests.engines  # noqa: F401  registers the `test.words` engine its model names
-from core.models_registry import register
+from bench.throughput import MODEL, store
 from core.settings import Settings
 from core.store import claims, completion, worker_writes
 from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.new_tasks import NewTask, insert_task
-from infra.migrate import upgrade
 from scheduler.claiming import execute_due
-from tests.databases import private_pg_database
 
-MODEL = "words"
 _SET_UP = "set-up"  # the tasks' enqueue, left out of the figures
 _phase = threading.local()
 
@@ -73,30 +70,6 @@ def _phases() -> Iterator[None]:
     finally:
         for module, name, function in saved:
             setattr(module, name, function)
-
-
-@contextmanager
-def _store(kind: str, workdir: Path) -> Iterator[Settings]:
-    models_dir = workdir / "models"
-    models_dir.mkdir(exist_ok=True)
-    (models_dir / "words.bin").write_bytes(b"no-op model\n")
-    if kind == "sqlite":
-        url = f"sqlite:///{workdir / f'rt-{time.time_ns()}.db'}"
-        context = None
-    else:
-        context = private_pg_database()
-        url = context.__enter__()
-    try:
-        settings = Settings(database_url=url, models_dir=models_dir, node_id="bench",
-                            worker_concurrency=16, engine_modules="tests.engines")
-        db = Database(create_db_engine(settings))
-        upgrade(db.engine)
-        register(db, models_dir, "words.bin", model_id=MODEL, engine="test.words")
-        db.dispose()
-        yield settings
-    finally:
-        if context is not None:
-            context.__exit__(None, None, None)
 
 
 def measure(settings: Settings, count: int, passes: int = 1) -> dict[str, Any]:
@@ -169,7 +142,8 @@ def main() -> None:
     count, passes = (1, args.lone) if args.lone else (args.tasks, 1)
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.stores.split(","):
-            with _store(kind, Path(tmp)) as settings:
+            with store(kind, Path(tmp), worker_concurrency=16,
+                       engine_modules="tests.engines") as settings:
                 figures = measure(settings, count, passes)
                 print(report(kind, figures, count * passes), flush=True)
 

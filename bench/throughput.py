@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import func, select
@@ -48,8 +49,9 @@ MODEL = "words"
 
 
 @contextmanager
-def store(kind: str, workdir: Path) -> Iterator[Settings]:
-    """A fresh migrated database of `kind` with the test-engine model registered."""
+def store(kind: str, workdir: Path, **overrides: Any) -> Iterator[Settings]:
+    """A fresh migrated database of `kind` with the test-engine model registered;
+    settings for it, with `overrides`."""
     models_dir = workdir / "models"
     models_dir.mkdir(exist_ok=True)
     (models_dir / "words.bin").write_bytes(b"no-op model\n")
@@ -60,7 +62,8 @@ def store(kind: str, workdir: Path) -> Iterator[Settings]:
         context = private_pg_database()
         urls = iter([context.__enter__()])
     try:
-        settings = Settings(database_url=next(urls), models_dir=models_dir, node_id="bench")
+        settings = Settings(database_url=next(urls), models_dir=models_dir, node_id="bench",
+                            **overrides)
         db = Database(create_db_engine(settings))
         upgrade(db.engine)
         register(db, models_dir, "words.bin", model_id=MODEL, engine="test.words")
