@@ -24,8 +24,10 @@ def test_a_killed_sweepers_task_is_continued_without_repeats(
     db: Database, settings: Settings, tmp_path: Path, llama: LlamaServer
 ) -> None:
     add_upstream(db, [llama.base_url])
-    [task_id] = enqueue(db, on_restart=OnRestart.RESUME, max_output_tokens=48,
-                        input="Count from one to fifty in words, separated by commas.")
+    # Long enough that the kill lands mid-stream even on a quiet machine (48 tokens
+    # could finish between the output check and the kill).
+    [task_id] = enqueue(db, on_restart=OnRestart.RESUME, max_output_tokens=160,
+                        input="Count from one to one hundred in words, separated by commas.")
     env = upstream_env(settings.database_url, tmp_path)
     first = sweeper(env, tmp_path / "sweeper-1.log")
     try:
