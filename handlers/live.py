@@ -6,11 +6,6 @@ polls `last_seq` of all watched tasks in one statement every `poll_interval_ms` 
 wakes those whose log has grown, so following N tasks costs one query per tick, not
 N. Waiters compare against the store, not against notifications they might have
 missed, so a wake-up is never lost; it only comes up to one tick late.
-
-Events logged by this very process (`taskward run`: its sweeper's attempts; a cancel
-made here) cut the wait short: their commit is heard on `EVENTS_CHANNEL` and the next
-poll runs at once, so a stream's deltas are not held back by the tick. Polls still
-come one at a time, at most every `_MIN_GAP_SECONDS`.
 """
 
 from __future__ import annotations
@@ -25,13 +20,11 @@ from typing import Any
 from sqlalchemy import Row
 
 from core.states import TERMINAL, Status
-from core.store.database import EVENTS_CHANNEL, Database
+from core.store.database import Database
 from core.store.tasks import get_task, log_positions
 from handlers.threads import blocking
 
 log = logging.getLogger("taskward.live")
-
-_MIN_GAP_SECONDS = 0.005  # between two polls woken by local commits
 
 
 @dataclass(eq=False)
@@ -46,22 +39,12 @@ class LiveTail:
         self._interval = interval_seconds
         self._waiters: dict[str, list[_Waiter]] = {}
         self._work = asyncio.Event()
-        self._logged = asyncio.Event()  # set when this process logged events meanwhile
         self._poller: asyncio.Task[None] | None = None
-        self._unlisten: Callable[[], None] = lambda: None
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-
-        def logged(_payload: str) -> None:  # on the writer's thread, after its commit
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(self._logged.set)
-
-        self._unlisten = self._db.listen(EVENTS_CHANNEL, logged)
         self._poller = asyncio.create_task(self._run(), name="taskward-live-tail")
 
     async def stop(self) -> None:
-        self._unlisten()
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -91,17 +74,13 @@ class LiveTail:
                 self._work.clear()
                 await self._work.wait()
             polled = list(self._waiters)
-            self._logged.clear()  # what commits from here on is after this poll's read
             try:
                 positions = await blocking(log_positions, self._db, polled)
             except Exception:  # a store outage: waiters time out and retry by themselves
                 log.warning("live tail poll failed", exc_info=True)
             else:
                 self._wake(polled, positions)
-            await asyncio.sleep(_MIN_GAP_SECONDS)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._interval - _MIN_GAP_SECONDS):
-                    await self._logged.wait()
+            await asyncio.sleep(self._interval)
 
     def _wake(self, polled: list[str], positions: dict[str, int]) -> None:
         for task_id in polled:

@@ -59,7 +59,7 @@ def claim(
     """
     if limit <= 0 and upstream_limit <= 0:
         return []
-    with db.write_events() as conn:
+    with db.write() as conn:
         now = db.clock.now_ms()
         owner = new_owner_token()
         local: list[Claim] = []

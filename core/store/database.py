@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 _WRITE_OPTION = "taskward_write"
 WORK_CHANNEL = "taskward_work"  # payload: none; new work is due
-EVENTS_CHANNEL = "taskward_events"  # in-process only, payload: none; task events were logged
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
@@ -48,17 +47,6 @@ class Database:
         with (self._writers.turn(),
               self.engine.connect().execution_options(**{_WRITE_OPTION: True}) as conn,
               conn.begin()):
-            yield conn
-
-    @contextmanager
-    def write_events(self) -> Iterator[Connection]:
-        """A write transaction that logs task events. Once it commits, this process's
-        `EVENTS_CHANNEL` listeners hear of it: the live tail of the API in the same
-        process (`taskward run`) then reads the new events at once instead of at its
-        next poll. Other processes' tails keep polling (a NOTIFY per flush would cost
-        more than the poll it saves)."""
-        with self.write() as conn:
-            self._after_commit(conn, EVENTS_CHANNEL)
             yield conn
 
     @contextmanager
@@ -118,11 +106,7 @@ class Database:
         SQLite processes without the API in them fall back to short polling."""
         if not self.is_sqlite and not notified:
             conn.execute(_NOTIFY, {"channel": WORK_CHANNEL, "payload": ""})
-        self._after_commit(conn, WORK_CHANNEL)
-
-    def _after_commit(self, conn: Connection, channel: str) -> None:
-        """Call this process's listeners on `channel` once `conn`'s transaction commits."""
-        listeners = list(self._listeners.get(channel, ()))
+        listeners = list(self._listeners.get(WORK_CHANNEL, ()))
         if listeners:
             event.listen(conn, "commit", lambda _conn: [hear("") for hear in listeners],
                          once=True)

@@ -112,7 +112,7 @@ class CancelOutcome:
 
 def cancel(db: Database, task_id: str, client_id: str | None) -> CancelOutcome:
     """One conditional transition with its event; a finished task is 409 (docs/http-api.md)."""
-    with db.write_events() as conn:
+    with db.write() as conn:
         now = db.clock.now_ms()
         where = [tasks.c.id == task_id, *visible(client_id)]
         if move(conn, now=now, expected={Status.QUEUED}, where=where, to=Status.CANCELLED,

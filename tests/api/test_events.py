@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from core.store.connect import create_db_engine
 from core.store.database import Database
 from handlers import sse
 from handlers.live import LiveTail
@@ -185,29 +184,3 @@ def test_the_live_tail_wakes_a_waiter_when_its_log_grows(
             await tail.stop()
 
     assert asyncio.run(wait_while_a_worker_claims()) is True
-
-
-def test_events_logged_in_this_process_wake_the_tail_before_its_tick(
-    alice: Caller, model_id: str, db: Database, settings: Any
-) -> None:
-    """A tail polling every 10 s hears of a claim made through the same store object
-    (`taskward run`'s sweeper) at once; one made through another (a sweeper in another
-    process) waits for the tick."""
-    elsewhere = Database(create_db_engine(settings))
-
-    async def woken_by(store: Database, task_id: str) -> bool:
-        tail = LiveTail(db, interval_seconds=10)
-        await tail.start()
-        try:
-            waiting = asyncio.ensure_future(tail.wait(task_id, 1, 2))
-            await asyncio.sleep(0.1)  # the first poll has run: the next is 10 s away
-            await asyncio.to_thread(start_due, store)
-            return await waiting
-        finally:
-            await tail.stop()
-
-    try:
-        assert asyncio.run(woken_by(elsewhere, create(alice, model_id))) is False
-        assert asyncio.run(woken_by(db, create(alice, model_id))) is True
-    finally:
-        elsewhere.dispose()
