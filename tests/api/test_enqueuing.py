@@ -35,9 +35,9 @@ def run_together(db: Database, requests: list[tuple[NewTask, IdempotencyClaim | 
     return asyncio.run(all_at_once())
 
 
-def test_a_burst_commits_in_few_transactions(db: Database, model_id: str,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    commits = []
+def counted_writes(db: Database, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each write transaction `db` opens from now on."""
+    commits: list[int] = []
     original = db.write
 
     def counted() -> Any:
@@ -45,6 +45,12 @@ def test_a_burst_commits_in_few_transactions(db: Database, model_id: str,
         return original()
 
     monkeypatch.setattr(db, "write", counted)
+    return commits
+
+
+def test_a_burst_commits_in_few_transactions(db: Database, model_id: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    commits = counted_writes(db, monkeypatch)
     answers = run_together(db, [(new(model_id), None) for _ in range(40)])
     assert all(isinstance(a, Enqueued) and a.status_code == 202 for a in answers)
     assert len({a.task_id for a in answers if isinstance(a, Enqueued)}) == 40
@@ -146,14 +152,7 @@ def test_requests_that_arrive_while_the_batch_waits_for_its_turn_join_it(
 ) -> None:
     """The batch is taken once the turn to write has come, not when it was asked for: what
     arrived while another writer held the store commits in the same transaction."""
-    commits = []
-    original = db.write
-
-    def counted() -> Any:
-        commits.append(1)
-        return original()
-
-    monkeypatch.setattr(db, "write", counted)
+    commits = counted_writes(db, monkeypatch)
     enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
     held, release = threading.Event(), threading.Event()
 
