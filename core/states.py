@@ -27,6 +27,11 @@ class OnRestart(StrEnum):
     RESUME = "resume"
 
 
+# The error of a task failed as a dead letter (its attempts spent), whichever claim
+# path or store writes it.
+DEAD_LETTER_ERROR = {"code": "max_attempts_exceeded", "message": "the task used all its attempts"}
+
+
 ACTIVE: frozenset[Status] = frozenset(
     {Status.QUEUED, Status.LOADING, Status.RUNNING, Status.CANCELLING}
 )

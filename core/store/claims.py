@@ -17,14 +17,13 @@ from sqlalchemy import Connection, Row, bindparam, func, select, update
 
 from core.engines.base import Usage
 from core.ids import new_owner_token
-from core.states import OnRestart, Status
+from core.states import DEAD_LETTER_ERROR, OnRestart, Status
 from core.store import capacity, pg_claims
 from core.store.database import Database
 from core.store.line import place_due
 from core.store.transitions import Add, Event, Held, IfNull, Locked, PerRow, move
 from core.tables import IS_IN_LINE, IS_LEASED, responses, task_events, tasks
 
-MAX_ATTEMPTS_EXCEEDED = pg_claims.DEAD_LETTER_ERROR["code"]
 
 @dataclass(frozen=True)
 class Claim:
@@ -205,7 +204,7 @@ def _claim(candidate: Row[Any], attempt: int, owner: str, upstream: bool) -> Cla
 
 def dead_letter(conn: Connection, now: int, where: Held | Locked, *, expected: Status) -> int:
     """Fail tasks whose attempts are spent, marked as dead letters; how many."""
-    error = pg_claims.DEAD_LETTER_ERROR
+    error = DEAD_LETTER_ERROR
     return len(move(conn, now=now, expected={expected}, where=where, to=Status.FAILED,
                     events=[Event("response.failed", {"error": error, "dead_lettered": True})],
                     values={"finished_at": now, "owner_token": None, "lease_expires_at": None,

@@ -22,11 +22,9 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Connection, Integer, Row, String, Text, bindparam, text
 
-from core.states import Status
+from core.states import DEAD_LETTER_ERROR, Status
 from core.store.line import place_due
 from core.store.transitions import encoded
-
-DEAD_LETTER_ERROR = {"code": "max_attempts_exceeded", "message": "the task used all its attempts"}
 
 
 def claim_local(
