@@ -1,6 +1,11 @@
 # The two commands of the README: `make run` and `make test`. Everything they need is
 # installed here, into .venv, from a clean clone.
-PYTHON ?= python3
+# The interpreter the virtualenv is made from: the distribution's own Python 3.11+ where
+# there is one (Debian builds it with profile-guided and link-time optimisation: taskward
+# ran ~20 % less CPU on it than on a plain source build, imports and hot paths alike;
+# docs/benchmarks.md, "The interpreter"), else the first python3 on PATH.
+SYSTEM_PYTHON := /usr/bin/python3
+PYTHON ?= $(if $(shell $(SYSTEM_PYTHON) -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo yes),$(SYSTEM_PYTHON),python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp

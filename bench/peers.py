@@ -72,8 +72,10 @@ class System(Protocol):
 
 
 def peer_python() -> Path:
-    """The peers' virtualenv interpreter, created and filled once per requirement set."""
-    tag = hashlib.sha256("\n".join(PEER_REQUIREMENTS).encode()).hexdigest()[:12]
+    """The peers' virtualenv interpreter, created and filled once per requirement set and
+    base interpreter: the peers run on the same Python build as taskward's virtualenv."""
+    tag = hashlib.sha256("\n".join([*PEER_REQUIREMENTS, sys.base_prefix, sys.version])
+                         .encode()).hexdigest()[:12]
     home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     venv = home / "taskward" / "bench-peers" / tag
     python, stamp = venv / "bin" / "python", venv / ".installed"
