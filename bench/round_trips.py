@@ -5,13 +5,14 @@ Run from the repository root: `.venv/bin/python -m bench.round_trips [--tasks N]
 One in-process pass (`scheduler.claiming.execute_due`, 16 slots, the deterministic
 test engine with `words=1`) drains N tasks committed beforehand, on SQLite and on
 PostgreSQL. Every statement is counted (SQLAlchemy `before_cursor_execute`) under the
-store operation that sent it (claim, model check, start, flush, completion), and so
+store operation that sent it (claim, start, flush, completion; the model check reads
+nothing of its own: its entry comes with the claim), and so
 are the transactions; on PostgreSQL psycopg sends BEGIN and COMMIT as round trips of
 their own, so round trips = statements + 2 per transaction there. The CPU figure is
 this process's CPU time during the pass (all its threads) per task: unlike wall time
 it hardly depends on what else runs on the machine. `--lone N` runs N passes of one
 task each instead: a lone task's life (its claim, the claims that find nothing
-after it, its model check and completion).
+after it, its completion).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from typing import Any
 
 from sqlalchemy import event
 
-import scheduler.workers
 import tests.engines  # noqa: F401  registers the `test.words` engine its model names
 from bench.throughput import MODEL, store
 from core.settings import Settings
@@ -60,8 +60,7 @@ def _tagged(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
 def _phases() -> Iterator[None]:
     """Tag every statement with the store operation of the hot path that sent it."""
     patched = [(claims, "claim"), (completion, "complete_all"),
-               (worker_writes, "start_running"), (worker_writes, "append_output"),
-               (scheduler.workers, "verified_model_file")]
+               (worker_writes, "start_running"), (worker_writes, "append_output")]
     saved = [(module, name, getattr(module, name)) for module, name in patched]
     for module, name, function in saved:
         setattr(module, name, _tagged(name, function))

@@ -3,10 +3,10 @@ and upstream entries that name inference servers (docs/upstream.md). The rows ar
 by `core.store.models`.
 
 Registering a file streams it once for its SHA-256. Before a task uses a model the
-worker calls `verified_model_file`, which re-checks size and digest (cached per file
-identity and change time by `core.model_files`), so a changed file fails the task
-rather than silently running a different model; for an upstream entry it returns the
-servers.
+worker calls `verified_entry` with the entry its claim read (`verified_model_file`
+reads it first), which re-checks size and digest (cached per file identity and change
+time by `core.model_files`), so a changed file fails the task rather than silently
+running a different model; for an upstream entry it returns the servers.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from core.engines.upstream.hosts import UrlRefused, check_allowed, normalized_ba
 from core.errors import InvalidInput
 from core.model_files import file_digest, resolve_inside
 from core.store.database import Database
-from core.store.models import find_model, insert_model
+from core.store.models import ModelEntry, insert_model, read_entries
 
 _MODEL_ID = re.compile(r"[A-Za-z0-9._:-]+(/[A-Za-z0-9._:-]+)*")
 MAX_MODEL_ID = 200
@@ -139,40 +139,47 @@ def _checked_urls(base_urls: list[str], allowed_hosts: tuple[str, ...]) -> list[
     return urls
 
 
-def upstream_of(row: Row[Any]) -> UpstreamModel | None:
+def upstream_of(entry: ModelEntry) -> UpstreamModel | None:
     """The servers of an upstream entry; None for a file entry."""
-    if row.upstream_json is None:
+    if entry.upstream_json is None:
         return None
-    spec = json.loads(row.upstream_json)
-    return UpstreamModel(model_id=row.id, base_urls=tuple(spec["base_urls"]),
+    spec = json.loads(entry.upstream_json)
+    return UpstreamModel(model_id=entry.id, base_urls=tuple(spec["base_urls"]),
                          model=spec["model"], api_key_env=spec.get("api_key_env"),
-                         max_concurrency=row.max_concurrency,
+                         max_concurrency=entry.max_concurrency or DEFAULT_MAX_CONCURRENCY,
                          timeout_seconds=float(spec["timeout_seconds"]))
 
 
 def verified_model_file(
     db: Database, models_dir: Path, model_id: str
 ) -> tuple[str, ModelSource]:
-    """(engine name, model file or upstream servers) for a task, or a non-retryable
-    `EngineError`.
+    """`verified_entry` of the model's entry as stored now."""
+    found = read_entries(db, [model_id]).get(model_id)
+    return verified_entry(models_dir, found)
 
-    Codes: `model_not_found` (entry gone), `model_file_missing`, `model_digest_mismatch`.
+
+def verified_entry(models_dir: Path, entry: ModelEntry | None) -> tuple[str, ModelSource]:
+    """(engine name, model file or upstream servers) for a task whose model's registry
+    entry is `entry` (None: no longer registered), or a non-retryable `EngineError`.
+
+    The entry is read by the caller (a worker: in the claim's transaction); the file is
+    checked here, now. Codes: `model_not_found` (entry gone), `model_file_missing`,
+    `model_digest_mismatch`.
     """
-    row = find_model(db, model_id)
-    if row is None:
+    if entry is None:
         raise EngineError("model_not_found", "the task's model is no longer registered",
                           retryable=False)
-    upstream = upstream_of(row)
+    upstream = upstream_of(entry)
     if upstream is not None:
-        return row.engine, upstream
+        return entry.engine, upstream
     try:
-        real = resolve_inside(models_dir, row.path)
+        real = resolve_inside(models_dir, entry.path or "")  # a file entry has a path
         digest = file_digest(real)
     except InvalidInput as exc:  # vanished, looping, swapped for another kind of file
         raise EngineError(exc.code, exc.message, retryable=False) from None
-    if digest.size != row.size_bytes or digest.sha256 != row.sha256:
+    if digest.size != entry.size_bytes or digest.sha256 != entry.sha256:
         raise EngineError("model_digest_mismatch",
                           "the model file's content no longer matches its registered digest",
                           retryable=False)
-    return row.engine, ModelFile(model_id=row.id, path=real, sha256=row.sha256,
-                                 metadata=json.loads(row.metadata_json or "{}"))
+    return entry.engine, ModelFile(model_id=entry.id, path=real, sha256=entry.sha256,
+                                   metadata=json.loads(entry.metadata_json or "{}"))

@@ -22,11 +22,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 from core.engines.base import EngineError, ModelSource
 from core.engines.upstream.routing import ROUTER
-from core.models_registry import verified_model_file
+from core.models_registry import verified_entry
 from core.settings import Settings
 from core.store import claims, completion, upstream_health
 from core.store.database import Database
@@ -153,7 +152,9 @@ class Workers:
                 free > 0 and sum(1 for c in taken if c.upstream == kind) == free
                 for kind, free in ((False, local), (True, upstream)))
         timeout_ms = int(self._settings.task_timeout_seconds * 1000)
-        verify = verified_once(partial(verified_model_file, self._db, self._settings.models_dir))
+        entries = {c.model: c.model_entry for c in taken}  # read by the claim
+        verify = verified_once(lambda model_id: verified_entry(self._settings.models_dir,
+                                                               entries[model_id]))
         for claim in taken:
             attempt = Attempt(claim, clock=self._db.clock, timeout_ms=timeout_ms,
                               lease_ms=int(self._settings.lease_seconds * 1000),
@@ -239,7 +240,7 @@ def _record_upstream_reports(db: Database) -> None:
 
 def verified_once(verify: VerifyModel) -> VerifyModel:
     """`verify`, run at most once per model id: the attempts of one claim batch share
-    the answer (an error included), saving a read and a stat per task."""
+    the answer (an error included), saving a stat and a digest lookup per task."""
     answers: dict[str, tuple[str, ModelSource] | EngineError] = {}
     lock = threading.Lock()
 

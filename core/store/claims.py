@@ -21,6 +21,7 @@ from core.states import DEAD_LETTER_ERROR, OnRestart, Status
 from core.store import capacity, pg_claims
 from core.store.database import Database
 from core.store.line import place_due
+from core.store.models import ModelEntry, entries
 from core.store.transitions import Add, Event, Held, IfNull, Locked, PerRow, move
 from core.tables import IS_IN_LINE, IS_LEASED, responses, task_events, tasks
 
@@ -40,6 +41,9 @@ class Claim:
     usage: Usage
     items_opened: int = 0  # `response.output_item.added` events already in the task's log
     upstream: bool = False  # its model is an upstream entry: it holds an upstream slot
+    # Its model's registry entry as the claim's transaction read it (None: no longer
+    # registered), for the model check at the task's start (`verified_entry`).
+    model_entry: ModelEntry | None = None
 
 
 def claim(
@@ -55,6 +59,7 @@ def claim(
     Every statement is built once: a claim runs for every few tasks a worker executes.
     On PostgreSQL the local pool is claimed in one statement (`core.store.pg_claims`),
     and the upstream pool, only when upstream models exist, by the statements below.
+    Each claim carries its model's registry entry, read in this transaction.
     """
     if limit <= 0 and upstream_limit <= 0:
         return []
@@ -68,7 +73,8 @@ def claim(
             rows, upstream_models = pg_claims.claim_local(
                 conn, now=now, limit=limit, owner=owner, lease_until=now + lease_ms,
                 node_id=node_id)
-            local = [_claim(row, row.attempts, owner, False) for row in rows]
+            local = [_claim(row, row.attempts, owner, False, pg_claims.model_entry(row))
+                     for row in rows]
             limits = capacity.upstream_limits(conn) if upstream_models and upstream_limit > 0 \
                 else {}
         else:
@@ -94,8 +100,9 @@ def claim(
                        {**lease, "snapshot_json": None})
         if queued:
             reset_output(conn, [row.id for row, _ in taken if row.status == Status.LOADING], now)
-        return local + [_claim(candidate, row.attempts, owner, candidate.model in limits)
-                        for row, candidate in taken]
+        found = entries(conn, (candidate.model for _, candidate in taken))
+        return local + [_claim(candidate, row.attempts, owner, candidate.model in limits,
+                               found.get(candidate.model)) for row, candidate in taken]
 
 
 def _due(
@@ -191,7 +198,9 @@ def _take(
     return [(by_id[i], c) for i, c in fresh.items() if i in by_id]
 
 
-def _claim(candidate: Row[Any], attempt: int, owner: str, upstream: bool) -> Claim:
+def _claim(
+    candidate: Row[Any], attempt: int, owner: str, upstream: bool, entry: ModelEntry | None
+) -> Claim:
     resumed = candidate.status == Status.RUNNING
     return Claim(task_id=candidate.id, owner_token=owner, attempt=attempt, resumed=resumed,
                  model=candidate.model, request_json=candidate.request_json,
@@ -199,7 +208,7 @@ def _claim(candidate: Row[Any], attempt: int, owner: str, upstream: bool) -> Cla
                  output_text=candidate.output_text if resumed else "",
                  usage=(Usage(candidate.input_tokens, candidate.output_tokens) if resumed
                         else Usage()),
-                 items_opened=candidate.items_opened, upstream=upstream)
+                 items_opened=candidate.items_opened, upstream=upstream, model_entry=entry)
 
 
 def dead_letter(conn: Connection, now: int, where: Held | Locked, *, expected: Status) -> int:

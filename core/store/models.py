@@ -2,14 +2,47 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
-from sqlalchemy import Row, delete, select
+from sqlalchemy import Connection, Row, bindparam, delete, select
 
 from core.errors import Conflict, NotFound
 from core.store.bulk import insert_rows
 from core.store.database import Database
 from core.tables import models, upstream_cooldowns, upstream_errors
+
+
+class ModelEntry(NamedTuple):
+    """What a worker checks before a task uses a model: the registry row's fields, read
+    in the claim's own transaction (`core.store.claims`) rather than in one more."""
+
+    id: str
+    engine: str
+    path: str | None
+    size_bytes: int | None
+    sha256: str | None
+    metadata_json: str
+    upstream_json: str | None
+    max_concurrency: int | None
+
+
+ENTRY_COLUMNS = [models.c[name] for name in ModelEntry._fields]
+_ENTRIES = select(*ENTRY_COLUMNS).where(models.c.id.in_(bindparam("p_ids", expanding=True)))
+
+
+def entries(conn: Connection, model_ids: Iterable[str]) -> dict[str, ModelEntry]:
+    """The registry entries of `model_ids` that exist, by id."""
+    wanted = sorted(set(model_ids))
+    if not wanted:
+        return {}
+    return {row.id: ModelEntry(*row) for row in conn.execute(_ENTRIES, {"p_ids": wanted})}
+
+
+def read_entries(db: Database, model_ids: Iterable[str]) -> dict[str, ModelEntry]:
+    """`entries` in a read transaction of their own."""
+    with db.read() as conn:
+        return entries(conn, model_ids)
 
 
 def insert_model(db: Database, values: dict[str, Any]) -> Row[Any]:

@@ -13,6 +13,8 @@ event takes the number that bump implies, so the log stays gapless. The local po
 excludes upstream models by a subquery instead of a list read beforehand; the one
 row that always comes back also says whether upstream models exist, so the caller
 reads their limits (and claims their pool, `core.store.capacity`) only then.
+Each claimed row also brings its model's registry entry (a join by primary key), so
+the model check at the task's start reads nothing in a transaction of its own.
 SQLite (no data-modifying CTEs, and no round trips) keeps the separate statements.
 """
 
@@ -24,6 +26,7 @@ from sqlalchemy import BigInteger, Connection, Integer, Row, String, Text, bindp
 
 from core.states import DEAD_LETTER_ERROR, Status
 from core.store.line import place_due
+from core.store.models import ENTRY_COLUMNS, ModelEntry
 from core.store.transitions import encoded
 
 
@@ -32,7 +35,8 @@ def claim_local(
 ) -> tuple[list[Row[Any]], bool]:
     """Claim up to `limit` due tasks of local models (resumable first, then the fair
     line), dead-lettering those whose attempts are spent; (the rows claimed, whether
-    any upstream model exists). The rows have the fields `claims.Claim` is made of.
+    any upstream model exists). The rows have the fields `claims.Claim` is made of,
+    and their model's registry entry (`model_entry`).
 
     Waiting tasks whose time has come get their places in the line first
     (`core.store.line.place_due`), but asking whether any did is part of the claim:
@@ -46,6 +50,13 @@ def claim_local(
         rows = conn.execute(_CLAIM[False], params).all()
     taken = sorted((row for row in rows if row.id is not None), key=_claim_order)
     return taken, bool(rows[0].upstream_models)
+
+
+def model_entry(row: Row[Any]) -> ModelEntry | None:
+    """The registry entry a claimed row brought along; None when its model is gone."""
+    if row.m_id is None:
+        return None
+    return ModelEntry(*(getattr(row, f"m_{field}") for field in ModelEntry._fields))
 
 
 def _claim_order(row: Row[Any]) -> tuple[Any, ...]:
@@ -114,11 +125,15 @@ reset AS (
   UPDATE responses SET output_text = '', input_tokens = 0, output_tokens = 0, updated_at = :now
   WHERE task_id = ANY(ARRAY(SELECT id FROM claimed WHERE status = 'loading'))
     AND (output_text <> '' OR input_tokens <> 0 OR output_tokens <> 0))
-SELECT flag.upstream_models, flag.waiting, claimed.*
+SELECT flag.upstream_models, flag.waiting, claimed.*, /*entry*/
 FROM (SELECT EXISTS (SELECT FROM models WHERE max_concurrency IS NOT NULL) AS upstream_models,
              /*waits*/ AS waiting) AS flag
 LEFT JOIN claimed ON true
+LEFT JOIN models ON models.id = claimed.model
 """
+# Each claimed task's registry entry rides along (`m_<field>`, NULL when the model is
+# gone): the model check at the task's start needs no transaction of its own.
+_ENTRY = ", ".join(f"models.{column.name} AS m_{column.key}" for column in ENTRY_COLUMNS)
 # `core.store.line._DUE_OUTSIDE`'s question, asked first: does a waiting task's time
 # come before the line is read? (`ix_tasks_outside_line`)
 _WAITING = """waiting AS (
@@ -130,7 +145,7 @@ _WAITING = """waiting AS (
 def _variant(gated: bool) -> Any:
     """The statement that claims only when no waiting task is due (`gated`: its
     answer says so), or the one that claims whatever is in line."""
-    sql = (_TEMPLATE.replace("/*waiting*/", _WAITING if gated else "")
+    sql = (_TEMPLATE.replace("/*waiting*/", _WAITING if gated else "").replace("/*entry*/", _ENTRY)
            .replace("/*gate*/", "\n    AND NOT EXISTS (SELECT FROM waiting)" if gated else "")
            .replace("/*waits*/", "EXISTS (SELECT FROM waiting)" if gated else "false"))
     return text(sql).bindparams(

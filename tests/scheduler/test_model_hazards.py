@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from core.models_registry import register
 from core.settings import Settings
 from core.states import Status
 from core.store.database import Database
+from core.store.models import remove
 from tests.scheduler.helpers import run_pass
 from tests.store.helpers import new_task, task_row
 
@@ -69,4 +71,26 @@ def test_same_size_same_mtime_tampering_is_caught_after_a_cached_check(
     second = new_task(db, model_id)
     run_pass(db, fast)
     row = task_row(db, second)
+    assert (row.status, row.error_code) == (Status.FAILED, "model_digest_mismatch")
+
+
+def test_a_model_registered_again_for_other_content_is_checked_against_its_new_entry(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    """The entry a task is checked against is the one its claim read: nothing of the
+    entry is kept from one batch to the next."""
+    first = new_task(db, model_id)
+    run_pass(db, fast)
+    assert task_row(db, first).status == Status.COMPLETED
+    remove(db, model_id)
+    (fast.models_dir / "other.bin").write_bytes(b"another test engine model\n")
+    register(db, fast.models_dir, "other.bin", model_id=model_id, engine="test.words")
+    (fast.models_dir / MODEL_FILE).unlink()  # the old entry's file: checking it would fail
+    second = new_task(db, model_id)
+    run_pass(db, fast)
+    assert task_row(db, second).status == Status.COMPLETED
+    (fast.models_dir / "other.bin").write_bytes(b"changed after the second batch\n")
+    third = new_task(db, model_id)
+    run_pass(db, fast)
+    row = task_row(db, third)
     assert (row.status, row.error_code) == (Status.FAILED, "model_digest_mismatch")

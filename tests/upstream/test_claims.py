@@ -10,6 +10,7 @@ from litestar.testing import TestClient
 from core.settings import Settings
 from core.store import claims, worker_writes
 from core.store.database import Database
+from core.store.models import read_entries, remove
 from infra.app import serving_app
 from tests.upstream.helpers import add_upstream, enqueue
 
@@ -49,6 +50,25 @@ def test_local_and_upstream_tasks_fill_their_own_slots(
     assert [c.model for c in local_only] == [model_id] * 3  # no upstream task in local slots
     upstream_only = claim(db, upstream=5)
     assert [(c.model, c.upstream) for c in upstream_only] == [(upstream_model, True)] * 3
+
+
+def test_every_claim_carries_its_models_registry_entry_and_none_once_it_is_gone(
+    db: Database, settings: Settings, model_id: str
+) -> None:
+    upstream_model = add_upstream(db, ["http://127.0.0.1:9/v1"], max_concurrency=8)
+    enqueue(db, 2, model=upstream_model)
+    enqueue(db, 2, model=model_id)
+    stored = read_entries(db, [model_id, upstream_model])
+
+    taken = claim(db, local=5, upstream=5)
+    assert sorted((c.model, c.model_entry) for c in taken) == sorted(
+        [(model_id, stored[model_id])] * 2 + [(upstream_model, stored[upstream_model])] * 2)
+    assert stored[upstream_model].upstream_json is not None
+    assert (stored[model_id].engine, stored[model_id].path) == ("test.words", "words.bin")
+    enqueue(db, 1, model=model_id)
+    remove(db, model_id)
+    [orphan] = claim(db, local=5)
+    assert (orphan.model, orphan.model_entry) == (model_id, None)
 
 
 def test_an_expired_lease_does_not_count_against_the_bound(db: Database) -> None:
