@@ -43,9 +43,15 @@ class _LazyGroup(click.Group):
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused(*, freeze: bool = False) -> Iterator[None]:
     """Run an import-heavy block without cyclic collections (the next collection runs
-    once it ends). A no-op when the collector is off already."""
+    once it ends). A no-op when the collector is off already.
+
+    `freeze`: what exists once the block ends is moved out of the collector's sight
+    for good (`gc.freeze`), for a long-running process whose start-up this block was:
+    its full collections then no longer walk the ~80,000 objects of the imports again
+    and again (measured on a draining sweeper: ~25 us of CPU per task, issue 15).
+    """
     if not gc.isenabled():
         yield
         return
@@ -53,6 +59,8 @@ def collector_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        if freeze:
+            gc.freeze()
         gc.enable()
 
 

@@ -71,7 +71,8 @@ def sweeper(schedule: str | None) -> None:
     with ExitStack() as running:
         # From exec to the first claim, the garbage collector would only rescan what
         # start-up allocates for good (see `infra.cli`); `start` returns after the claim.
-        with collector_paused():
+        # What start-up made is then frozen: later collections walk only newer objects.
+        with collector_paused(freeze=True):
             from scheduler.loop import SweeperLoop
 
             settings = _worker_settings(**({"sweep_schedule": schedule} if schedule else {}))

@@ -173,3 +173,21 @@ def test_command_modules_are_imported_with_the_collector_paused() -> None:
         assert not gc.isenabled()  # left as the caller had it
     finally:
         gc.enable()
+
+
+def test_a_frozen_start_up_is_left_out_of_later_collections() -> None:
+    import gc
+
+    from infra.cli import collector_paused
+
+    gc.unfreeze()
+    try:
+        with collector_paused(freeze=True):
+            made = [object() for _ in range(3)] + [[]]  # a tracked container among them
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > 0
+        assert not any(o is made[-1] for generation in range(3)
+                       for o in gc.get_objects(generation))
+    finally:
+        gc.unfreeze()
