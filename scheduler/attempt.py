@@ -16,7 +16,6 @@ never comes after the lease the store holds.
 from __future__ import annotations
 
 import queue
-import threading
 from enum import StrEnum
 from typing import Any
 
@@ -66,7 +65,6 @@ class Attempt:
         self._flags: set[StopReason] = set()
         self._ended = False
         self.engine_stopped = False  # set once `should_stop` has told the engine to stop
-        self.engine_thread: threading.Thread | None = None
 
     @property
     def task_id(self) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from core.store import completion, worker_writes
 from core.store.database import Database
 from scheduler.attempt import WAKE, Attempt, Outcome, StopReason
 from scheduler.backoff import retry_delay_ms
+from scheduler.engine_threads import EngineThreads
 from scheduler.group_commit import GroupCommit
 from scheduler.output import Output
 
@@ -76,20 +76,22 @@ def execute(
     *,
     verify: VerifyModel | None = None,
     complete: Complete | None = None,
+    engines: EngineThreads | None = None,
 ) -> Outcome:
     """Run `attempt` and return how it ended. Never raises for a task's own failure.
 
     `verify(model_id)` checks the model entry and file (default: `verified_model_file`
     now); a worker passes one shared by the attempts of one claim batch. `complete`
     writes the completion, raising its fenced failure (default: a transaction of its
-    own); a worker passes its group commit. The engine thread it starts is left on
-    `attempt.engine_thread`: it normally ends with the attempt, and whoever owns the
-    attempt joins it (a hung engine included).
+    own); a worker passes its group commit. The engine runs on a thread of `engines`
+    (default: one of its own); it normally ends with the attempt, and whoever owns
+    `engines` stops them (a hung engine included).
     """
     verify = verify or partial(verified_model_file, db, settings.models_dir)
     complete = complete or GroupCommit(partial(completion.complete_all, db)).submit
+    engines = engines or EngineThreads(idle_limit=0)
     try:
-        return _execute(db, settings, attempt, verify, complete)
+        return _execute(db, settings, attempt, verify, complete, engines)
     except CancelRequested:
         return _finish_cancelled(db, attempt)
     except LeaseLost:
@@ -99,7 +101,8 @@ def execute(
 
 
 def _execute(
-    db: Database, settings: Settings, attempt: Attempt, verify: VerifyModel, complete: Complete
+    db: Database, settings: Settings, attempt: Attempt, verify: VerifyModel, complete: Complete,
+    engines: EngineThreads,
 ) -> Outcome:
     claim = attempt.claim
     try:
@@ -116,10 +119,8 @@ def _execute(
     if isinstance(model_file, ModelFile):  # an upstream server applies its own defaults
         request = with_model_defaults(request, model_file.metadata)
     snapshot = json.loads(claim.snapshot_json) if claim.snapshot_json else None
-    attempt.engine_thread = threading.Thread(
-        target=_produce, args=(engine, model_file, request, snapshot, attempt),
-        name=f"engine-{claim.task_id}", daemon=True)
-    attempt.engine_thread.start()
+    engines.start(partial(_produce, engine, model_file, request, snapshot, attempt),
+                  f"engine-{claim.task_id}")
     return _stream(db, settings, attempt, complete)
 
 

@@ -10,8 +10,8 @@ batch instead of several per task. A slot is free once its attempt's engine work
 done and its completion is handed to the group commit: the next claim then runs while
 that commit is in flight (each has its own connection and runner thread), instead of
 claim and completion taking turns. Every thread here has an owner: runner threads
-belong to the executor, engine threads to their attempts, the lease keeper to the pool,
-and `stop` ends them all.
+belong to the executor, engine threads to `EngineThreads` (reused across attempts), the
+lease keeper to the pool, and `stop` ends them all.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from core.settings import Settings
 from core.store import claims, completion, upstream_health
 from core.store.database import Database
 from scheduler.attempt import Attempt, Outcome, StopReason
+from scheduler.engine_threads import EngineThreads
 from scheduler.execute import VerifyModel, execute
 from scheduler.group_commit import GroupCommit, gather
 from scheduler.heartbeat import LeaseKeeper
@@ -61,7 +62,6 @@ class Workers:
         self._handed_over: set[str] = set()  # completion submitted: the slot is free
         self._unwritten: set[str] = set()  # ... and its group not yet written
         self._backlog = False
-        self._engines: list[Attempt] = []  # attempts whose engine thread may still run
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self.outcomes: Counter[str] = Counter()
@@ -75,6 +75,7 @@ class Workers:
         # next attempt runs: twice the threads, never more attempts than slots.
         self._executor = ThreadPoolExecutor(max_workers=2 * sum(self._slots.values()),
                                             thread_name_prefix="taskward-runner")
+        self._engines = EngineThreads(idle_limit=sum(self._slots.values()))
         self._keeper.start()
 
     def free_slots(self) -> int:
@@ -169,7 +170,7 @@ class Workers:
     def _run(self, attempt: Attempt, verify: VerifyModel) -> None:
         try:
             outcome = execute(self._db, self._settings, attempt, verify=verify,
-                              complete=self._submit_completion)
+                              complete=self._submit_completion, engines=self._engines)
         except Exception:  # a database outage: the lease will expire and policy applies
             log.exception("task %s: attempt abandoned", attempt.task_id)
             outcome = Outcome.LOST
@@ -181,10 +182,6 @@ class Workers:
             self._handed_over.discard(attempt.task_id)
             self._unwritten.discard(attempt.task_id)
             self.outcomes[outcome] += 1
-            self._engines = [a for a in self._engines
-                             if a.engine_thread is not None and a.engine_thread.is_alive()]
-            if attempt.engine_thread is not None and attempt.engine_thread.is_alive():
-                self._engines.append(attempt)
             self._idle.notify_all()
         self._on_slot_freed()
 
@@ -216,14 +213,8 @@ class Workers:
         # call is left to process exit rather than hanging the stop.
         self._executor.shutdown(wait=idle, cancel_futures=True)
         self._keeper.stop()
-        with self._lock:
-            engines = [a.engine_thread for a in self._engines if a.engine_thread is not None]
-        deadline = time.monotonic() + _ENGINE_JOIN_SECONDS
-        for thread in engines:
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                log.warning("engine thread %s ignores should_stop; left to process exit",
-                            thread.name)
+        for name in self._engines.stop(_ENGINE_JOIN_SECONDS):
+            log.warning("engine thread %s ignores should_stop; left to process exit", name)
 
 
 def _record_upstream_reports(db: Database) -> None:
