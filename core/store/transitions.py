@@ -175,9 +175,14 @@ def move(
     return rows
 
 
-def encoded(data: dict[str, Any]) -> str:
-    """An event's data as the log stores it."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+def encoded(data: Any) -> str:
+    """An event's data as the log stores it; also JSON that holds event data, so that
+    each one taken out as a `json` value is this very text (`core.store.pg_completion`).
+    One encoder for all: `json.dumps` with options builds a new one per call."""
+    return _ENCODE(data)
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> None:

@@ -22,7 +22,7 @@ from core.states import OnRestart, Status
 from core.store import claims, completion, worker_writes
 from core.store.connect import create_db_engine
 from core.store.database import Database
-from core.store.transitions import Event
+from core.store.transitions import Event, encoded
 from core.tables import responses, task_events, tasks
 from tests.databases import truncate_all
 from tests.store.helpers import assert_log_sound, force, new_task
@@ -76,7 +76,9 @@ def _scenario(
     fresh, resumed = by_id[ids["fresh"]], by_id[ids["resume"]]
     force(db, ids["retry"], status=Status.CANCELLING.value)  # a cancel came meanwhile
     retry = by_id[ids["retry"]]
-    closing = [Event("response.output_text.done", {"text": "x"})]
+    # Data that JSON must escape or may leave raw: stored as `encoded` writes it.
+    closing = [Event("response.output_text.done", {"text": 'x "q" \\ é 🙂\n\u0001'}),
+               Event("response.output_item.done", {"item": {"content": [], "n": 1.5}})]
     failures = completion.complete_all(worker, [
         completion.Completion(fresh.task_id, fresh.owner_token, closing, Usage(1, 1), "x",
                               start=True),
@@ -127,6 +129,9 @@ def test_the_one_statement_claim_and_completion_write_what_the_separate_ones_wri
     assert separate[0] == at_once_[0]  # the claims, in claim order
     assert separate[1] == at_once_[1] == [None, None, "CancelRequested", "LeaseLost"]
     assert separate[2] == at_once_[2]
+    [done_data] = [data for name, _, kind, _, data in at_once_[2]["events"]
+                   if (name, kind) == ("fresh", "response.output_text.done")]
+    assert done_data == encoded({"text": 'x "q" \\ é 🙂\n\u0001'})
     states = {name: row["status"] for name, row in at_once_[2]["tasks"].items()}
     assert states == {"fresh": "completed", "retry": "cancelling", "spent": "failed",
                       "resume": "completed", "resume_spent": "failed"}
