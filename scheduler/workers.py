@@ -179,11 +179,16 @@ class Workers:
             _record_upstream_reports(self._db)
         with self._lock:
             del self._active[attempt.task_id]
+            # A slot freed at hand-over woke the claimer then: only the last attempt's
+            # end (`wait_idle`, `busy`) or one that was never handed over is news.
+            news = attempt.task_id not in self._handed_over or not self._active
             self._handed_over.discard(attempt.task_id)
             self._unwritten.discard(attempt.task_id)
             self.outcomes[outcome] += 1
-            self._idle.notify_all()
-        self._on_slot_freed()
+            if news:
+                self._idle.notify_all()
+        if news:
+            self._on_slot_freed()
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no attempt runs; False when `timeout` passed first."""

@@ -73,7 +73,8 @@ def claim(
             rows, upstream_models = pg_claims.claim_local(
                 conn, now=now, limit=limit, owner=owner, lease_until=now + lease_ms,
                 node_id=node_id)
-            local = [_claim(row, row.attempts, owner, False, pg_claims.model_entry(row))
+            brought = pg_claims.model_entries(rows)
+            local = [_claim(row, row.attempts, owner, False, brought[row.model])
                      for row in rows]
             limits = capacity.upstream_limits(conn) if upstream_models and upstream_limit > 0 \
                 else {}

@@ -52,11 +52,15 @@ def claim_local(
     return taken, bool(rows[0].upstream_models)
 
 
-def model_entry(row: Row[Any]) -> ModelEntry | None:
-    """The registry entry a claimed row brought along; None when its model is gone."""
-    if row.m_id is None:
-        return None
-    return ModelEntry(*(getattr(row, f"m_{field}") for field in ModelEntry._fields))
+def model_entries(rows: list[Row[Any]]) -> dict[str, ModelEntry | None]:
+    """The registry entries the claimed rows brought along, by model id (None: the
+    model is gone); each is taken from the first row of its model."""
+    found: dict[str, ModelEntry | None] = {}
+    for row in rows:
+        if row.model not in found:
+            found[row.model] = None if row.m_id is None else ModelEntry(
+                *(getattr(row, f"m_{field}") for field in ModelEntry._fields))
+    return found
 
 
 def _claim_order(row: Row[Any]) -> tuple[Any, ...]:
