@@ -69,9 +69,11 @@ def claim(
         local: list[Claim] = []
         resumable: list[Row[Any]] = []
         queued: list[Row[Any]] = []
-        if db.data_modifying_ctes and limit > 0:  # the local pool in one round trip
+        # The local pool in one round trip; with no local slot free, that statement
+        # still places the waiting tasks now due and tells whether upstream models exist.
+        if db.data_modifying_ctes:
             rows, upstream_models = pg_claims.claim_local(
-                conn, now=now, limit=limit, owner=owner, lease_until=now + lease_ms,
+                conn, now=now, limit=max(limit, 0), owner=owner, lease_until=now + lease_ms,
                 node_id=node_id)
             brought = pg_claims.model_entries(rows)
             local = [_claim(row, row.attempts, owner, False, brought[row.model])

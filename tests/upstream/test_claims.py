@@ -4,8 +4,11 @@ upstream and local slots apart (both stores)."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import pytest
 from litestar.testing import TestClient
+from sqlalchemy import event
 
 from core.settings import Settings
 from core.store import claims, worker_writes
@@ -69,6 +72,25 @@ def test_every_claim_carries_its_models_registry_entry_and_none_once_it_is_gone(
     remove(db, model_id)
     [orphan] = claim(db, local=5)
     assert (orphan.model, orphan.model_entry) == (model_id, None)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_with_no_local_slot_free_and_no_upstream_model_a_claim_is_one_statement(
+    db: Database, model_id: str
+) -> None:
+    enqueue(db, 2, model=model_id)
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", count)
+    try:
+        taken = claim(db, local=0, upstream=8)
+    finally:
+        event.remove(db.engine, "before_cursor_execute", count)
+    assert (taken, len(statements)) == ([], 1)
+    assert len(claim(db, local=8)) == 2  # the local tasks were left alone
 
 
 def test_an_expired_lease_does_not_count_against_the_bound(db: Database) -> None:
