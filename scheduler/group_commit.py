@@ -23,24 +23,28 @@ WriteAll = Callable[[Sequence[T]], Sequence[BaseException | None]]
 
 def gather(
     condition: threading.Condition,
-    count: Callable[[], int],
+    changed_at: Callable[[], float],
     enough: Callable[[], bool],
     *,
     gather_seconds: float,
     quiet_seconds: float,
 ) -> None:
     """With `condition` held, wait until `enough()`: at most `gather_seconds` in all and
-    never `quiet_seconds` without `count()` changing. What comes together is gathered;
-    what is far off is not waited for."""
-    deadline = time.monotonic() + gather_seconds
+    never `quiet_seconds` past the latest change (`changed_at()`, a `time.monotonic`
+    stamp; the wait's start counts as one). What comes together is gathered; what is
+    far off is not waited for.
+
+    Whoever changes what is gathered stamps the change and notifies `condition` only
+    when it may be `enough()`: the waiter sleeps until the quiet time after the latest
+    stamp instead of waking at every change (a wake-up per task, measured as a
+    tenth of a no-op task's CPU in a draining sweeper, issue 15)."""
+    start = time.monotonic()
+    deadline = start + gather_seconds
     while not enough():
-        left = min(deadline - time.monotonic(), quiet_seconds)
-        before = count()
+        left = min(deadline, max(changed_at(), start) + quiet_seconds) - time.monotonic()
         if left <= 0:
             return
         condition.wait(left)
-        if count() == before:
-            return
 
 
 class GroupWriteFailed(Exception):
@@ -73,6 +77,7 @@ class GroupCommit(Generic[T]):
         self._arrived = threading.Condition(self._lock)  # the gathering leader waits here
         self._written = threading.Condition(self._lock)  # the members wait here
         self._waiting: list[_Ticket[T]] = []
+        self._arrived_at = 0.0  # `time.monotonic` of the latest submit
         self._leading = False  # a leader is gathering or writing
 
     def submit(self, item: T) -> None:
@@ -80,7 +85,9 @@ class GroupCommit(Generic[T]):
         ticket = _Ticket(item)
         with self._lock:
             self._waiting.append(ticket)
-            self._arrived.notify()
+            self._arrived_at = time.monotonic()
+            if self._enough():  # else a gathering leader wakes at its quiet time
+                self._arrived.notify()
             while self._leading and not ticket.done:
                 self._written.wait()
             group = None if ticket.done else self._gather_group()
@@ -91,11 +98,14 @@ class GroupCommit(Generic[T]):
 
     def _gather_group(self) -> list[_Ticket[T]]:
         self._leading = True
-        gather(self._arrived, lambda: len(self._waiting),
-               lambda: len(self._waiting) >= self._running(),
+        gather(self._arrived, lambda: self._arrived_at, self._enough,
                gather_seconds=self._gather, quiet_seconds=self._quiet)
         group, self._waiting = self._waiting, []
         return group
+
+    def _enough(self) -> bool:
+        """Every attempt that may still submit is waiting (the lock held)."""
+        return len(self._waiting) >= self._running()
 
     def _lead(self, group: list[_Ticket[T]], leader: _Ticket[T]) -> None:
         failures: list[BaseException | None] = []

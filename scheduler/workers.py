@@ -62,6 +62,7 @@ class Workers:
         self._handed_over: set[str] = set()  # completion submitted: the slot is free
         self._unwritten: set[str] = set()  # ... and its group not yet written
         self._backlog = False
+        self._freed_at = 0.0  # `time.monotonic` of the latest slot freed
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self.outcomes: Counter[str] = Counter()
@@ -104,7 +105,7 @@ class Workers:
         with self._lock:
             self._handed_over.add(item.task_id)
             self._unwritten.add(item.task_id)
-            self._idle.notify_all()
+            self._slot_freed()
         self._on_slot_freed()
         self._completions.submit(item)
 
@@ -133,7 +134,7 @@ class Workers:
         is claimed at once.
         """
         with self._lock:
-            gather(self._idle, self._executing,
+            gather(self._idle, lambda: self._freed_at,
                    lambda: not (self._backlog and self._executing()),
                    gather_seconds=_GATHER_SECONDS, quiet_seconds=_QUIET_SECONDS)
 
@@ -179,16 +180,23 @@ class Workers:
             _record_upstream_reports(self._db)
         with self._lock:
             del self._active[attempt.task_id]
-            # A slot freed at hand-over woke the claimer then: only the last attempt's
-            # end (`wait_idle`, `busy`) or one that was never handed over is news.
+            # A slot freed at hand-over was news then: now only the last attempt's end
+            # (`wait_idle`, `busy`) or the end of one never handed over is.
             news = attempt.task_id not in self._handed_over or not self._active
             self._handed_over.discard(attempt.task_id)
             self._unwritten.discard(attempt.task_id)
             self.outcomes[outcome] += 1
             if news:
-                self._idle.notify_all()
+                self._slot_freed()
         if news:
             self._on_slot_freed()
+
+    def _slot_freed(self) -> None:
+        """Stamp a freed slot (the lock held) for `gather_slots`, which needs waking only
+        once nothing executes (or for `wait_idle`, once nothing is active at all)."""
+        self._freed_at = time.monotonic()
+        if not self._executing():
+            self._idle.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no attempt runs; False when `timeout` passed first."""

@@ -87,6 +87,28 @@ def test_a_leader_stops_gathering_once_nobody_joins_for_the_quiet_window() -> No
     assert write.groups == [["first"]]
 
 
+def test_the_quiet_window_counts_from_the_latest_arrival() -> None:
+    """Joiners do not wake the gathering leader one by one, yet each one that comes
+    within the quiet window of the one before joins its group."""
+    write = Recorder()
+    quiet = 0.5
+    commit = GroupCommit(write, running=lambda: 5, gather_seconds=LONG, quiet_seconds=quiet)
+    leader = threading.Thread(target=commit.submit, args=("first",))
+    started = time.monotonic()
+    leader.start()
+    joiners = []
+    for n, item in enumerate(["second", "third"], start=1):
+        # Each after 0.6 of a window: the last joins 1.2 windows after the leader.
+        time.sleep(max(0.0, started + n * 0.6 * quiet - time.monotonic()))
+        joiner = threading.Thread(target=commit.submit, args=(item,))
+        joiner.start()
+        joiners.append(joiner)
+    for thread in [leader, *joiners]:
+        thread.join(timeout=10)
+    assert [sorted(group) for group in write.groups] == [["first", "second", "third"]]
+    assert time.monotonic() - started < 1.2 * quiet + 2 * quiet  # closed one window later
+
+
 def test_a_failed_write_reaches_every_member_and_the_next_group_still_runs() -> None:
     calls: list[int] = []
 
