@@ -4,8 +4,9 @@ identity and change time, beside the size-and-mtime cache it replaced, in one ru
 Run from the repository root: `.venv/bin/python -m bench.digest [--seconds 3]`.
 A model file (`--megabytes`, default 64) is registered in a fresh SQLite store; then,
 alternating rounds of `--seconds` each:
-- `verified_model_file` as the worker calls it before every task (registry row, path
-  fence, digest check; a cache hit, since the file does not change);
+- `verified_model_file`: the registry row (a worker gets it with its claim), then the
+  path fence and digest check of `verified_entry` that a worker runs before every
+  batch (a cache hit, since the file does not change);
 - the same check with the old cache (`Path.resolve` + `stat`, keyed on real path, size
   and mtime_ns: the one a same-size rewrite with a restored mtime could fool), kept
   here only as the peer;
