@@ -152,6 +152,10 @@ def _variant(gated: bool) -> Any:
     sql = (_TEMPLATE.replace("/*waiting*/", _WAITING if gated else "").replace("/*entry*/", _ENTRY)
            .replace("/*gate*/", "\n    AND NOT EXISTS (SELECT FROM waiting)" if gated else "")
            .replace("/*waits*/", "EXISTS (SELECT FROM waiting)" if gated else "false"))
+    # Sent without its indentation: psycopg caches the parsing of a statement only up
+    # to 4,096 characters (`MAX_CACHED_STATEMENT_LENGTH`), and parsing this one again
+    # on every claim costs more than its indentation is worth.
+    sql = "\n".join(line.strip() for line in sql.strip().splitlines())
     return text(sql).bindparams(
         bindparam("now", type_=BigInteger), bindparam("limit", type_=Integer),
         bindparam("lease", type_=BigInteger), bindparam("owner", type_=String),

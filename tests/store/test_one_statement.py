@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql
 
 from core.clock import Clock
 from core.engines.base import Usage
@@ -22,6 +24,8 @@ from core.states import OnRestart, Status
 from core.store import claims, completion, worker_writes
 from core.store.connect import create_db_engine
 from core.store.database import Database
+from core.store.pg_claims import _CLAIM
+from core.store.pg_completion import _COMPLETE
 from core.store.transitions import Event, encoded
 from core.tables import responses, task_events, tasks
 from tests.databases import truncate_all
@@ -135,3 +139,11 @@ def test_the_one_statement_claim_and_completion_write_what_the_separate_ones_wri
     states = {name: row["status"] for name, row in at_once_[2]["tasks"].items()}
     assert states == {"fresh": "completed", "retry": "cancelling", "spent": "failed",
                       "resume": "completed", "resume_spent": "failed"}
+
+
+def test_the_one_statements_are_short_enough_for_psycopg_to_cache_their_parsing() -> None:
+    """Past `MAX_CACHED_STATEMENT_LENGTH` characters psycopg parses a statement again
+    on every execution: the claim, run for every batch, must stay below it."""
+    dialect = postgresql.psycopg.dialect()
+    for statement in [*_CLAIM.values(), _COMPLETE]:
+        assert len(str(statement.compile(dialect=dialect))) <= MAX_CACHED_STATEMENT_LENGTH
