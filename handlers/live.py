@@ -6,6 +6,14 @@ polls `last_seq` of all watched tasks in one statement every `poll_interval_ms` 
 wakes those whose log has grown, so following N tasks costs one query per tick, not
 N. Waiters compare against the store, not against notifications they might have
 missed, so a wake-up is never lost; it only comes up to one tick late.
+
+Events logged by this very process (`taskward run`: its sweeper's output, completions,
+failures; `Database.write_events`) do not wait for the tick: once their transaction
+has committed, the waiters of that task are woken at once, without a poll. Such a wake
+may be spurious (the waiter's last read already held those events); its caller reads
+again and waits again. Waking at the commit, and only after it, matters: SQLAlchemy's
+`commit` event comes before the commit, and a poll run at it found the old log and
+then slept a whole tick (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import Any
 from sqlalchemy import Row
 
 from core.states import TERMINAL, Status
-from core.store.database import Database
+from core.store.database import EVENTS_CHANNEL, Database
 from core.store.tasks import get_task, log_positions
 from handlers.threads import blocking
 
@@ -40,19 +48,30 @@ class LiveTail:
         self._waiters: dict[str, list[_Waiter]] = {}
         self._work = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
+        self._unlisten: Callable[[], None] = lambda: None
 
     async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def logged(task_id: str) -> None:  # on the writer's thread, after its commit
+            if task_id in self._waiters:  # a dict lookup: safe from any thread
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(self._wake_all, task_id)
+
+        self._unlisten = self._db.listen(EVENTS_CHANNEL, logged)
         self._poller = asyncio.create_task(self._run(), name="taskward-live-tail")
 
     async def stop(self) -> None:
+        self._unlisten()
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
 
     async def wait(self, task_id: str, seen_seq: int, timeout: float) -> bool:
-        """True once the task's log holds events after `seen_seq` (or the task is gone);
-        False when `timeout` seconds pass first."""
+        """True once the task's log holds events after `seen_seq` (or the task is gone),
+        or may hold them (a local commit logged some); False when `timeout` seconds pass
+        first."""
         waiter = _Waiter(seen_seq, asyncio.get_running_loop().create_future())
         self._waiters.setdefault(task_id, []).append(waiter)
         self._work.set()
@@ -81,6 +100,11 @@ class LiveTail:
             else:
                 self._wake(polled, positions)
             await asyncio.sleep(self._interval)
+
+    def _wake_all(self, task_id: str) -> None:
+        for waiter in self._waiters.get(task_id, []):
+            if not waiter.woken.done():
+                waiter.woken.set_result(None)
 
     def _wake(self, polled: list[str], positions: dict[str, int]) -> None:
         for task_id in polled:

@@ -62,7 +62,7 @@ def complete_all(db: Database, completions: Sequence[Completion]) -> list[Except
     if not completions:
         return []
     failures: dict[int, Exception] = {}
-    with db.write() as conn:
+    with db.write_events([item.task_id for item in completions]) as conn:
         now = db.clock.now_ms()
         for batch in _rounds(completions):
             if db.data_modifying_ctes:

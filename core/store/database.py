@@ -13,7 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 _WRITE_OPTION = "taskward_write"
 WORK_CHANNEL = "taskward_work"  # payload: none; new work is due
+# In-process only; payload: a task id whose event log grew, heard after the commit.
+EVENTS_CHANNEL = "taskward_events"
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
@@ -48,6 +50,22 @@ class Database:
               self.engine.connect().execution_options(**{_WRITE_OPTION: True}) as conn,
               conn.begin()):
             yield conn
+
+    @contextmanager
+    def write_events(self, task_ids: Iterable[str]) -> Iterator[Connection]:
+        """`write` for a transaction that logs events of `task_ids`: once it HAS
+        committed (not when SQLAlchemy's `commit` event fires, which is before the
+        commit, so a reader woken by it could still see the old log and go back to
+        sleep), this process's `EVENTS_CHANNEL` listeners hear each id. The live tail of
+        an API in the same process (`taskward run`) then sends the events at once
+        instead of at its next poll; nothing is heard when the transaction fails."""
+        with self.write() as conn:
+            yield conn
+        listeners = self._listeners.get(EVENTS_CHANNEL)
+        if listeners:
+            for task_id in task_ids:
+                for hear in list(listeners):
+                    hear(task_id)
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

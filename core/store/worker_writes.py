@@ -59,7 +59,7 @@ def heartbeat(db: Database, task_id: str, owner: str, *, lease_ms: int) -> Statu
 
 def start_running(db: Database, task_id: str, owner: str) -> None:
     """`loading -> running` once the model is loaded."""
-    with db.write() as conn:
+    with db.write_events([task_id]) as conn:
         _start(conn, db.clock.now_ms(), task_id, owner)
 
 
@@ -94,7 +94,7 @@ def append_output(
     exactly what its clients have seen. `start=True` first makes the `start_running`
     move in the same transaction (a worker that batches its first writes).
     """
-    with db.write() as conn:
+    with db.write_events([task_id]) as conn:
         now = db.clock.now_ms()
         if start:
             _start(conn, now, task_id, owner)
@@ -142,7 +142,7 @@ def terminal_values(now: int) -> dict[str, Any]:
 
 def fail(db: Database, task_id: str, owner: str, code: str, message: str) -> None:
     """A non-retryable failure: `failed` at once, not a dead letter."""
-    with db.write() as conn:
+    with db.write_events([task_id]) as conn:
         now = db.clock.now_ms()
         error = {"code": code, "message": message[:500]}
         if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
@@ -155,7 +155,7 @@ def fail(db: Database, task_id: str, owner: str, code: str, message: str) -> Non
 
 def finish_cancelled(db: Database, task_id: str, owner: str) -> None:
     """The worker honours a cancel request: `cancelling -> cancelled`."""
-    with db.write() as conn:
+    with db.write_events([task_id]) as conn:
         now = db.clock.now_ms()
         if not move(conn, now=now, expected={Status.CANCELLING}, where=Held.one(task_id, owner),
                     to=Status.CANCELLED, events=[Event("response.cancelled")],
@@ -168,7 +168,7 @@ def requeue(
 ) -> bool:
     """A retryable failure: back to `queued` after `delay_ms`, or a dead letter when the
     attempts are spent. Returns True when requeued, False when dead-lettered."""
-    with db.write() as conn:
+    with db.write_events([task_id]) as conn:
         now = db.clock.now_ms()
         active = {Status.LOADING, Status.RUNNING}
         run_at = now + delay_ms
@@ -197,7 +197,7 @@ def release(db: Database, task_id: str, owner: str) -> None:
     A `resume` task that was running stays `running` with its snapshot and no lease,
     so the next claim continues it; anything else goes back to `queued`.
     """
-    with db.write() as conn:
+    with db.write_events([task_id]) as conn:
         now = db.clock.now_ms()
         refund = {"owner_token": None, "lease_expires_at": None, "attempts": Add(-1)}
         if move(conn, now=now, expected={Status.RUNNING},

@@ -10,10 +10,14 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from core.store.database import Database
+from core.errors import LeaseLost
+from core.store import worker_writes
+from core.store.connect import create_db_engine
+from core.store.database import EVENTS_CHANNEL, Database
+from core.store.tasks import log_positions
 from handlers import sse
 from handlers.live import LiveTail
-from tests.api.helpers import Caller, complete_due, finish, start_due
+from tests.api.helpers import Caller, complete_due, finish, output_events, start_due
 
 SSE = {"Accept": "text/event-stream"}
 LIFE = ["response.created", "response.loading", "response.in_progress",
@@ -184,3 +188,56 @@ def test_the_live_tail_wakes_a_waiter_when_its_log_grows(
             await tail.stop()
 
     assert asyncio.run(wait_while_a_worker_claims()) is True
+
+
+def test_logged_events_are_heard_once_committed_and_readable(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    """Each of a worker's event writes is heard after its commit: a reader on another
+    connection, asked from the listener itself, already finds the events. A write that
+    its fence refuses is not heard. (SQLAlchemy's `commit` event comes before the
+    commit; a tail woken by it read the old log and slept a whole tick.)"""
+    task_id = create(alice, model_id)
+    heard: list[tuple[str, int]] = []
+    unlisten = db.listen(EVENTS_CHANNEL, lambda logged: heard.append(
+        (logged, log_positions(db, [logged])[logged])))
+    try:
+        [claim] = start_due(db)  # the claim (1 event) is not heard; the start is
+        finish(db, claim)  # output (3 events), then the completion (4)
+        with pytest.raises(LeaseLost):  # a stale owner writes nothing
+            worker_writes.append_output(db, task_id, "not-the-owner",
+                                        output_events(task_id, "late"), text="late")
+    finally:
+        unlisten()
+    assert heard == [(task_id, 3), (task_id, 6), (task_id, 10)]
+
+
+def test_events_logged_in_this_process_wake_the_tail_before_its_tick(
+    alice: Caller, model_id: str, db: Database, settings: Any
+) -> None:
+    """A tail polling every 10 s hears of output and a completion written through the
+    same store object (`taskward run`'s sweeper) at once; writes through another one
+    (a sweeper in another process) wait for the tick."""
+    elsewhere = Database(create_db_engine(settings))
+
+    async def woken_by(store: Database, task_id: str) -> list[bool]:
+        tail = LiveTail(db, interval_seconds=10)
+        await tail.start()
+        try:
+            waiting = asyncio.ensure_future(tail.wait(task_id, 1, 2))
+            await asyncio.sleep(0.1)  # the first poll has run: the next is 10 s away
+            [claim] = await asyncio.to_thread(start_due, store)
+            first = await waiting
+            page = await asyncio.to_thread(sse.read_events_page, db, task_id, None, 0, 100)
+            waiting = asyncio.ensure_future(tail.wait(task_id, page.last_seq, 2))
+            await asyncio.sleep(0.05)
+            await asyncio.to_thread(finish, store, claim)
+            return [first, await waiting]
+        finally:
+            await tail.stop()
+
+    try:
+        assert asyncio.run(woken_by(elsewhere, create(alice, model_id))) == [False, False]
+        assert asyncio.run(woken_by(db, create(alice, model_id))) == [True, True]
+    finally:
+        elsewhere.dispose()
