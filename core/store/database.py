@@ -124,10 +124,16 @@ class Database:
         SQLite processes without the API in them fall back to short polling."""
         if not self.is_sqlite and not notified:
             conn.execute(_NOTIFY, {"channel": WORK_CHANNEL, "payload": ""})
-        listeners = list(self._listeners.get(WORK_CHANNEL, ()))
-        if listeners:
-            event.listen(conn, "commit", lambda _conn: [hear("") for hear in listeners],
+        if self._listeners.get(WORK_CHANNEL):
+            event.listen(conn, "commit", lambda _conn: self.announce_committed_work(),
                          once=True)
+
+    def announce_committed_work(self) -> None:
+        """Tell this process's `listen`ers that new work is due, once it is committed
+        by a statement that committed by itself (`core.store.driver.autocommit_cursor`),
+        whose own `pg_notify` told the other processes."""
+        for hear in list(self._listeners.get(WORK_CHANNEL, ())):
+            hear("")
 
     def listen(self, channel: str, hear: Callable[[str], None]) -> Callable[[], None]:
         """Call `hear(payload)` (cheap, thread-safe) after each announcement on `channel`

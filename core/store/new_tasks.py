@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, Row, delete, select
+from sqlalchemy.engine import Dialect
 
 from core.errors import Conflict, InvalidInput
 from core.idempotency import IdempotencyClaim
@@ -24,6 +25,7 @@ from core.states import OnRestart, Status
 from core.store.active_quota import quota_exceeded, room
 from core.store.bulk import insert_rows
 from core.store.database import Database
+from core.store.driver import autocommit_cursor, driver_cursor
 from core.store.line import places
 from core.store.pg_births import born_at_once, line_offsets
 from core.store.sqlite_births import born_one_by_one
@@ -89,12 +91,18 @@ def enqueue(
     A second request with the same idempotency key gets the stored answer (or
     `idempotency_key_reused`); one with the active task's `dedupe_key` gets that task
     (`200`, nothing created). Both are decided by unique indexes, never by a prior read:
-    the common path is `insert_tasks` (one statement on PostgreSQL), the idempotency
-    record if any, and one commit, and only a conflict reads.
+    the common path is `insert_tasks` (one statement on PostgreSQL, committing by
+    itself when there is nothing else to write), the idempotency record if any, and one
+    commit, and only a conflict reads.
     A client at its `max_active` is refused (`quota_exceeded`, nothing stored), except
     for a replay or a dedupe hit, which create nothing.
     """
     try:
+        if idempotency is None and _births_alone(db, [new]):
+            [created] = insert_tasks_alone(db, [new])
+            if created is None:
+                raise _DedupeHit
+            return Enqueued(created.id, 202, _json_bytes(response_object(created, None)))
         with db.write() as conn:
             now = db.clock.now_ms()
             if new.max_active and room(conn, new.client_id, new.max_active) < 1:
@@ -144,6 +152,13 @@ def enqueue_many(
     PostgreSQL). The caller then runs `enqueue` for each None after the commit, so
     replays, dedupe hits and refusals keep their one code path.
     """
+    if all(claim is None for _, claim in batch) and _births_alone(db, [new for new, _ in batch]):
+        try:
+            created = insert_tasks_alone(db, [new for new, _ in batch])
+        except Exception:  # nothing of it was stored: each request is tried alone
+            return [None] * len(batch)
+        return [None if row is None else Enqueued(row.id, 202, _json_bytes(
+            response_object(row, None))) for row in created]
     try:
         with db.write() as conn:
             now = db.clock.now_ms()
@@ -154,6 +169,12 @@ def enqueue_many(
     except _BatchRefused:  # rolled back whole (no savepoint: one round trip less)
         return [None] * len(batch)
     return answers
+
+
+def _births_alone(db: Database, news: Sequence[NewTask]) -> bool:
+    """Whether creating `news` is the whole of their transaction (no `max_active` to
+    check) and one statement does it: then it commits by itself (`insert_tasks_alone`)."""
+    return db.data_modifying_ctes and not any(new.max_active for new in news)
 
 
 def _insert_batch(
@@ -242,27 +263,70 @@ def insert_tasks(
     """
     if not news:
         return []
-    wanted = sorted({new.model for new in news})
     rows = [_task_values(new, now) for new in news]
-    due = [row for row in rows if row["run_at"] <= now]
-    joining = [(row["client_id"], row["priority"]) for row in due]
-    at_once = db.data_modifying_ctes  # one round trip: `core.store.pg_births`
-    if at_once:  # the statement finds the places itself
-        for row, offset in zip(due, line_offsets(joining)):
-            row["vtime"] = offset
-        known, placed = born_at_once(conn, rows, wanted, now, notify=announce)
-        for row in rows:
-            row["vtime"] = placed.get(row["id"])
-        inserted = set(placed)
+    if db.data_modifying_ctes:  # one round trip: `core.store.pg_births`
+        with driver_cursor(conn) as cursor:
+            inserted = _born_at_once(cursor, conn.dialect, rows, now, notify=announce)
     else:
-        for row, place in zip(due, places(conn, joining)):
+        due = [row for row in rows if row["run_at"] <= now]
+        for row, place in zip(due, places(conn, [(row["client_id"], row["priority"])
+                                                 for row in due])):
             row["vtime"] = place
-        known, inserted = born_one_by_one(conn, rows, wanted, now)
-    if not known:
-        raise InvalidInput("model_not_found", "no model is registered under that id",
-                           extra={"field": "model"})
+        known, inserted = born_one_by_one(conn, rows, _models_of(rows), now)
+        if not known:
+            raise _unknown_model()
     if announce and inserted:
-        db.announce_work(conn, notified=at_once)
+        db.announce_work(conn, notified=db.data_modifying_ctes)
+    return _births(rows, inserted)
+
+
+def insert_tasks_alone(db: Database, news: Sequence[NewTask]) -> list[SimpleNamespace | None]:
+    """`insert_tasks(…, announce=True)` as a transaction of its own, committed when it
+    returns; only where one statement creates tasks (`Database.data_modifying_ctes`).
+
+    That statement then commits by itself (`core.store.driver.autocommit_cursor`): one
+    round trip, where a transaction around it adds BEGIN and COMMIT, and none of
+    SQLAlchemy's transaction bookkeeping. For a request whose whole transaction is the
+    births, as it is without an idempotency key or `max_active`.
+    """
+    now = db.clock.now_ms()
+    rows = [_task_values(new, now) for new in news]
+    with autocommit_cursor(db.engine) as cursor:
+        inserted = _born_at_once(cursor, db.engine.dialect, rows, now, notify=True)
+    if inserted:
+        db.announce_committed_work()
+    return _births(rows, inserted)
+
+
+def _born_at_once(
+    cursor: Any, dialect: Dialect, rows: list[dict[str, Any]], now: int, *, notify: bool
+) -> set[str]:
+    """`core.store.pg_births.born_at_once` for `rows`, each given its place (or None);
+    the ids inserted."""
+    due = [row for row in rows if row["run_at"] <= now]
+    for row, offset in zip(due, line_offsets([(row["client_id"], row["priority"])
+                                              for row in due])):
+        row["vtime"] = offset
+    known, placed = born_at_once(cursor, dialect, rows, _models_of(rows), now, notify=notify)
+    if not known:
+        raise _unknown_model()
+    for row in rows:
+        row["vtime"] = placed.get(row["id"])
+    return set(placed)
+
+
+def _models_of(rows: Sequence[dict[str, Any]]) -> list[str]:
+    return sorted({row["model"] for row in rows})
+
+
+def _unknown_model() -> InvalidInput:
+    return InvalidInput("model_not_found", "no model is registered under that id",
+                        extra={"field": "model"})
+
+
+def _births(rows: Sequence[dict[str, Any]], inserted: set[str]) -> list[SimpleNamespace | None]:
+    """Each new task's columns (with empty response columns), enough to render it
+    without a read-back; None where it was not inserted."""
     return [SimpleNamespace(**row, output_text="", input_tokens=0, output_tokens=0)
             if row["id"] in inserted else None for row in rows]
 

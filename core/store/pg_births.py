@@ -12,8 +12,11 @@ are found in the same statement: `core.store.line.places` asks two queries per
 subqueries of the insert, which adds to each the offset of its task among that
 (client, priority)'s tasks of the batch (`line_offsets`). Same transaction, same rows,
 same places, same outcome per request: one round trip instead of six (seven with
-the NOTIFY that announces the work, which rides along too). SQLite (no data-modifying
-CTEs, and no round trips) keeps its statements (`core.store.sqlite_births`).
+the NOTIFY that announces the work, which rides along too). It runs on the driver's
+cursor (`core.store.driver`), and a batch that is nothing but this statement runs it
+as a transaction of its own: one round trip, no BEGIN or COMMIT. SQLite (no
+data-modifying CTEs, and no round trips) keeps its statements
+(`core.store.sqlite_births`).
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
-    Connection,
     Integer,
     String,
     Text,
+    any_,
     bindparam,
     case,
     func,
@@ -37,9 +40,11 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
 
 from core.store.bulk import json_rows, rows_param
 from core.store.database import WORK_CHANNEL
+from core.store.driver import driver_text
 from core.tables import IS_IN_LINE, models, responses, task_events, tasks
 
 
@@ -56,30 +61,42 @@ def line_offsets(joining: Sequence[tuple[str, int]]) -> list[int]:
 
 
 def born_at_once(
-    conn: Connection, rows: Sequence[Mapping[str, Any]], wanted_models: Sequence[str], now: int,
-    *, notify: bool,
+    cursor: Any, dialect: Dialect, rows: Sequence[Mapping[str, Any]],
+    wanted_models: Sequence[str], now: int, *, notify: bool,
 ) -> tuple[bool, dict[str, int | None]]:
     """Insert the tasks `rows` (all with the same keys) with their response rows and
     first events; `(every model known, place in the line of each task inserted by id)`.
     A row's `vtime` is its `line_offsets` offset if it is due, else None (it waits
     outside the line). Nothing is inserted when a model is unknown; a task whose dedupe
     key is held is skipped. `notify`: the same statement NOTIFYs `WORK_CHANNEL`
-    (`Database.announce_work(notified=True)`)."""
-    statement = _statement(tuple(rows[0]), notify)
+    (`Database.announce_work(notified=True)`).
+
+    `cursor` is a driver cursor (`core.store.driver`): in a transaction, or committing
+    the statement by itself."""
+    text, constants = _driver_statement(tuple(rows[0]), notify, dialect)
     # One order of dedupe keys for every batch: batches in flight side by side then
     # wait for each other's keys in one direction only, never in a deadlock (stable,
     # so the first request of a batch holding a key still wins it).
     ordered = sorted(rows, key=lambda row: (row["client_id"], row["dedupe_key"] or ""))
-    answer = conn.execute(statement, {"rows": rows_param(ordered), "models": list(wanted_models),
-                                      "wanted": len(wanted_models), "now": now}).one()
-    return answer.known == len(wanted_models), dict(answer.places or {})
+    cursor.execute(text, {**constants, "rows": rows_param(ordered),
+                          "models": list(wanted_models), "wanted": len(wanted_models),
+                          "now": now})
+    known, places = cursor.fetchone()[:2]
+    return known == len(wanted_models), dict(places or {})
+
+
+@cache
+def _driver_statement(keys: tuple[str, ...], notify: bool,
+                      dialect: Dialect) -> tuple[str, dict[str, Any]]:
+    return driver_text(_statement(keys, notify), dialect,
+                       {"rows": "[]", "models": [], "wanted": 0, "now": 0})
 
 
 @cache
 def _statement(keys: tuple[str, ...], notify: bool) -> Any:
     given = json_rows("postgresql", "rows", [(key, tasks.c[key].type) for key in keys])
     known = (select(func.count()).select_from(models)
-             .where(models.c.id.in_(bindparam("models", expanding=True)))
+             .where(models.c.id == any_(bindparam("models", type_=postgresql.ARRAY(String))))
              .scalar_subquery())
     values = [_placed(given) if key == "vtime" else given.c[key] for key in keys]
     born = (postgresql.insert(tasks)

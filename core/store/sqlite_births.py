@@ -6,23 +6,21 @@ but SQLAlchemy's work around each statement (binding and processing every parame
 building a result) cost several times what SQLite itself spent inserting the rows:
 measured under the enqueue load, `insert_tasks` was most of the writer thread's time.
 Here the same four statements are fixed texts built once from the tables and run on
-the driver's cursor, inside the caller's transaction; sqlite3 keeps them prepared. A
-task whose dedupe key is held is skipped (`ON CONFLICT DO NOTHING`, told by the cursor's
-row count) with its response row and event, exactly as before. A driver error comes out
-as SQLAlchemy's (`DBAPIError.instance`), so callers meet the exceptions of any other
-statement (a full disk is still `OperationalError`, a 503).
+the driver's cursor (`core.store.driver`), inside the caller's transaction; sqlite3
+keeps them prepared. A task whose dedupe key is held is skipped (`ON CONFLICT DO
+NOTHING`, told by the cursor's row count) with its response row and event, exactly as
+before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
 
+from core.store.driver import driver_cursor
 from core.tables import models, responses, task_events, tasks
 
 _RESPONSE_ROW = (f"INSERT INTO {responses.name} ({responses.c.task_id.name}, "
@@ -42,7 +40,7 @@ def born_one_by_one(
     Nothing is inserted when a model is unknown; a task whose dedupe key is held is
     skipped. Within `rows`, the first holding a dedupe key wins."""
     keys = tuple(rows[0])
-    with _driver_cursor(conn) as cursor:
+    with driver_cursor(conn) as cursor:
         cursor.execute(_known_models(len(wanted_models)), tuple(wanted_models))
         if cursor.fetchone()[0] != len(wanted_models):
             return False, set()
@@ -56,21 +54,6 @@ def born_one_by_one(
             cursor.executemany(_RESPONSE_ROW, [(task_id, now) for task_id in inserted])
             cursor.executemany(_FIRST_EVENT, [(task_id, now) for task_id in inserted])
     return True, set(inserted)
-
-
-@contextmanager
-def _driver_cursor(conn: Connection) -> Iterator[Any]:
-    """A cursor of `conn`'s own sqlite3 connection (in its transaction); its errors
-    raised as SQLAlchemy raises them, parameters (prompts) left out of the message."""
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    dialect = conn.dialect
-    try:
-        yield cursor
-    except dialect.loaded_dbapi.Error as exc:
-        raise DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error,
-                                  hide_parameters=True, dialect=dialect) from exc
-    finally:
-        cursor.close()
 
 
 @cache

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from sqlalchemy import func, select
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import DataError, OperationalError
 
 from core.errors import InvalidInput
-from core.store.database import Database
+from core.store.database import WORK_CHANNEL, Database
 from core.store.line import places
-from core.store.new_tasks import NewTask, insert_task, insert_tasks
+from core.store.new_tasks import NewTask, insert_task, insert_tasks, insert_tasks_alone
 from core.tables import responses, task_events, tasks
 from tests.store.helpers import event_types, new_task, task_row
 
@@ -137,3 +137,70 @@ def test_a_batch_takes_the_places_in_line_that_line_places_gives(
     stored = [task_row(db, answer.id).vtime for answer in answers if answer is not None]
     returned = [answer.vtime for answer in answers if answer is not None]
     assert stored == returned == [*expected[:3], None, *expected[3:]]
+
+
+# PostgreSQL alone: a batch that is only births commits its one statement by itself
+# (`core.store.new_tasks.insert_tasks_alone`, `core.store.driver.autocommit_cursor`).
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_births_alone_write_what_a_transaction_writes_and_are_committed_on_return(
+    db: Database, model_id: str
+) -> None:
+    holder = new_task(db, model_id, dedupe_key="held")
+    batch = [request(model_id, 0), request(model_id, 1, dedupe_key="held"),
+             request(model_id, 2, dedupe_key="k"), request(model_id, 3, dedupe_key="k"),
+             request(model_id, 4, run_at=2**60)]
+    with db.write() as conn:  # what the same batch gets in a transaction
+        in_transaction = [None if answer is None else answer.vtime
+                          for answer in insert_tasks(db, conn, batch, db.clock.now_ms())]
+        conn.rollback()
+    heard: list[str] = []
+    stop = db.listen(WORK_CHANNEL, heard.append)
+    try:
+        answers = insert_tasks_alone(db, batch)
+    finally:
+        stop()
+    assert [answer is None for answer in answers] == [False, True, False, True, False]
+    assert heard == [""]  # this process's sweeper is woken, as after a commit
+    for answer in answers:  # read on other connections: committed
+        if answer is not None:
+            row = task_row(db, answer.id)
+            assert (row.status, row.last_seq, row.vtime) == ("queued", 1, answer.vtime)
+            assert event_types(db, answer.id) == ["response.created"]
+    assert [None if a is None else a.vtime for a in answers] == in_transaction
+    assert counts(db) == (4, 4, 4) and task_row(db, holder).status == "queued"
+    with db.engine.connect() as conn:  # the pooled connection went back as it came
+        assert conn.connection.driver_connection.autocommit is False  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_births_alone_refuse_as_sqlalchemy_does_and_store_nothing(
+    db: Database, model_id: str
+) -> None:
+    with pytest.raises(InvalidInput) as unknown:
+        insert_tasks_alone(db, [request(model_id, 1), request("no-such-model", 2)])
+    assert unknown.value.code == "model_not_found"
+    nul = request(model_id, 7, dedupe_key="key\x00")  # PostgreSQL stores no NUL
+    with pytest.raises(DataError) as refused:
+        insert_tasks_alone(db, [nul])
+    assert "words=7" not in str(refused.value)
+    assert counts(db) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_births_alone_drop_a_lost_connection_and_the_next_one_works(
+    db: Database, model_id: str
+) -> None:
+    """A server that went away is `OperationalError` (the API's 503), and the broken
+    connection leaves the pool rather than failing the next request too."""
+    with db.engine.connect(), db.engine.connect():  # the pool holds two connections
+        pass
+    assert insert_tasks_alone(db, [request(model_id, 0)])[0] is not None
+    with db.engine.connect() as other:  # every other backend of this database ends
+        other.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+        other.commit()
+        # `other` held: the pool's one idle connection is the dead one
+        with pytest.raises(OperationalError):
+            insert_tasks_alone(db, [request(model_id, 1)])
+        assert insert_tasks_alone(db, [request(model_id, 2)])[0] is not None
+    assert counts(db) == (2, 2, 2)
