@@ -67,6 +67,7 @@ def create_app(
     async def close() -> None:
         gc.unfreeze()  # what `settle_memory` hid may be garbage once the app is gone
         await tail.stop()
+        await enqueuer.close()
         db.dispose()
 
     def settle_memory() -> None:

@@ -25,7 +25,15 @@ import threading
 
 from core.idempotency import IdempotencyClaim
 from core.store.database import Database
-from core.store.new_tasks import Enqueued, NewTask, enqueue, enqueue_many
+from core.store.new_tasks import (
+    Enqueued,
+    NewTask,
+    births_alone,
+    enqueue,
+    enqueue_many,
+    enqueue_many_async,
+)
+from core.store.pg_async import AutocommitConnections
 from handlers.threads import writing
 
 MAX_BATCH = 128
@@ -44,6 +52,12 @@ class Enqueuer:
         self._taking = threading.Lock()  # the event loop adds, the writer thread takes
         self._parallel = 1 if db.single_writer else PARALLEL_BATCHES
         self._drainers: list[asyncio.Task[None]] = []  # held: the loop keeps tasks weakly
+        self._connections = AutocommitConnections(db) if db.data_modifying_ctes else None
+
+    async def close(self) -> None:
+        """Close the connections of the batches committed on the event loop."""
+        if self._connections is not None:
+            await self._connections.close()
 
     async def enqueue(self, new: NewTask, claim: IdempotencyClaim | None) -> Enqueued:
         """What `core.store.new_tasks.enqueue` answers, once the task is committed."""
@@ -63,7 +77,11 @@ class Enqueuer:
             # run side by side there is no turn to wait for, and a batch taken now
             # cannot leave another drainer's hop with nothing to do.
             batch = None if self._db.single_writer else self._take()
-            for answer, outcome in await writing(self._db, self._commit_next, batch):
+            if batch is not None and births_alone(self._db, [(n, c) for n, c, _ in batch]):
+                outcomes = await self._commit_on_loop(batch)
+            else:
+                outcomes = await writing(self._db, self._commit_next, batch)
+            for answer, outcome in outcomes:
                 if answer.done():  # the client went away
                     continue
                 if isinstance(outcome, Exception):
@@ -89,13 +107,26 @@ class Enqueuer:
             outcomes = [exc] * len(batch)
         return [(answer, outcome) for (_, _, answer), outcome in zip(batch, outcomes)]
 
+    async def _commit_on_loop(self, batch: list[_Pending]) -> list[_Outcome]:
+        """A batch whose one statement commits by itself, run on the event loop; what
+        it left alone (a dedupe hit, a failure) then on the writer thread."""
+        assert self._connections is not None
+        requests = [(new, claim) for new, claim, _ in batch]
+        done = await enqueue_many_async(self._db, self._connections, requests)
+        outcomes: list[Enqueued | Exception] = (
+            await writing(self._db, self._commit, requests, done)
+            if None in done else done)  # type: ignore[assignment]  # no None in it
+        return [(answer, outcome) for (_, _, answer), outcome in zip(batch, outcomes)]
+
     def _commit(
-        self, requests: list[tuple[NewTask, IdempotencyClaim | None]]
+        self, requests: list[tuple[NewTask, IdempotencyClaim | None]],
+        done: list[Enqueued | None] | None = None,
     ) -> list[Enqueued | Exception]:
-        """The batch, then each request it left alone."""
-        if len(requests) <= 1:
-            done: list[Enqueued | None] = [None] * len(requests)
-        else:
+        """The batch (unless `done` holds its answers already), then each request it
+        left alone."""
+        if done is None and len(requests) <= 1:
+            done = [None] * len(requests)
+        elif done is None:
             done = enqueue_many(self._db, requests, idempotency_ttl_ms=self._ttl_ms)
         outcomes: list[Enqueued | Exception] = []
         for (new, claim), answer in zip(requests, done):

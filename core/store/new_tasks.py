@@ -27,7 +27,8 @@ from core.store.bulk import insert_rows
 from core.store.database import Database
 from core.store.driver import autocommit_cursor, driver_cursor
 from core.store.line import places
-from core.store.pg_births import born_at_once, line_offsets
+from core.store.pg_async import AutocommitConnections
+from core.store.pg_births import births_answer, births_query, line_offsets
 from core.store.sqlite_births import born_one_by_one
 from core.store.tasks import current_response, response_in, task_in
 from core.tables import IS_ACTIVE, idempotency_keys, responses, task_events, tasks
@@ -98,7 +99,7 @@ def enqueue(
     for a replay or a dedupe hit, which create nothing.
     """
     try:
-        if idempotency is None and _births_alone(db, [new]):
+        if births_alone(db, [(new, idempotency)]):
             [created] = insert_tasks_alone(db, [new])
             if created is None:
                 raise _DedupeHit
@@ -152,13 +153,12 @@ def enqueue_many(
     PostgreSQL). The caller then runs `enqueue` for each None after the commit, so
     replays, dedupe hits and refusals keep their one code path.
     """
-    if all(claim is None for _, claim in batch) and _births_alone(db, [new for new, _ in batch]):
+    if births_alone(db, batch):
         try:
             created = insert_tasks_alone(db, [new for new, _ in batch])
         except Exception:  # nothing of it was stored: each request is tried alone
             return [None] * len(batch)
-        return [None if row is None else Enqueued(row.id, 202, _json_bytes(
-            response_object(row, None))) for row in created]
+        return _created(created)
     try:
         with db.write() as conn:
             now = db.clock.now_ms()
@@ -171,10 +171,39 @@ def enqueue_many(
     return answers
 
 
-def _births_alone(db: Database, news: Sequence[NewTask]) -> bool:
-    """Whether creating `news` is the whole of their transaction (no `max_active` to
-    check) and one statement does it: then it commits by itself (`insert_tasks_alone`)."""
-    return db.data_modifying_ctes and not any(new.max_active for new in news)
+async def enqueue_many_async(
+    db: Database,
+    connections: AutocommitConnections,
+    batch: Sequence[tuple[NewTask, IdempotencyClaim | None]],
+) -> list[Enqueued | None]:
+    """`enqueue_many` for a batch `births_alone` admits, on the event loop
+    (`core.store.pg_async`): its one statement commits by itself. A request left None
+    (a dedupe key held; every request of a batch that failed) is the caller's to
+    `enqueue`, as with `enqueue_many`."""
+    now = db.clock.now_ms()
+    rows = [_task_values(new, now) for new, _ in batch]
+    try:
+        async with connections.cursor() as cursor:
+            await cursor.execute(*_births_query(connections.dialect, rows, now, notify=True))
+            inserted = _inserted(rows, await cursor.fetchone())
+    except Exception:  # nothing of it was stored: each request is tried alone
+        return [None] * len(batch)
+    if inserted:
+        db.announce_committed_work()
+    return _created(_births(rows, inserted))
+
+
+def births_alone(db: Database, batch: Sequence[tuple[NewTask, IdempotencyClaim | None]]) -> bool:
+    """Whether creating the batch's tasks is the whole of its transaction (no
+    idempotency record to write, no `max_active` to check) and one statement does it:
+    then that statement commits by itself (`insert_tasks_alone`, `enqueue_many_async`)."""
+    return db.data_modifying_ctes and not any(
+        claim is not None or new.max_active for new, claim in batch)
+
+
+def _created(created: Sequence[SimpleNamespace | None]) -> list[Enqueued | None]:
+    return [None if row is None else Enqueued(row.id, 202, _json_bytes(
+        response_object(row, None))) for row in created]
 
 
 def _insert_batch(
@@ -301,13 +330,27 @@ def insert_tasks_alone(db: Database, news: Sequence[NewTask]) -> list[SimpleName
 def _born_at_once(
     cursor: Any, dialect: Dialect, rows: list[dict[str, Any]], now: int, *, notify: bool
 ) -> set[str]:
-    """`core.store.pg_births.born_at_once` for `rows`, each given its place (or None);
-    the ids inserted."""
+    """`core.store.pg_births`' statement for `rows` on a driver cursor; the ids
+    inserted."""
+    cursor.execute(*_births_query(dialect, rows, now, notify=notify))
+    return _inserted(rows, cursor.fetchone())
+
+
+def _births_query(
+    dialect: Dialect, rows: list[dict[str, Any]], now: int, *, notify: bool
+) -> tuple[str, dict[str, Any]]:
+    """The births statement for `rows`, each due row given its offset in the line."""
     due = [row for row in rows if row["run_at"] <= now]
     for row, offset in zip(due, line_offsets([(row["client_id"], row["priority"])
                                               for row in due])):
         row["vtime"] = offset
-    known, placed = born_at_once(cursor, dialect, rows, _models_of(rows), now, notify=notify)
+    return births_query(dialect, rows, _models_of(rows), now, notify=notify)
+
+
+def _inserted(rows: list[dict[str, Any]], answer: Sequence[Any]) -> set[str]:
+    """The ids the births statement inserted (each row given its place, or None);
+    `model_not_found` when it inserted nothing for want of a model."""
+    known, placed = births_answer(answer, _models_of(rows))
     if not known:
         raise _unknown_model()
     for row in rows:

@@ -60,28 +60,32 @@ def line_offsets(joining: Sequence[tuple[str, int]]) -> list[int]:
     return offsets
 
 
-def born_at_once(
-    cursor: Any, dialect: Dialect, rows: Sequence[Mapping[str, Any]],
-    wanted_models: Sequence[str], now: int, *, notify: bool,
-) -> tuple[bool, dict[str, int | None]]:
-    """Insert the tasks `rows` (all with the same keys) with their response rows and
-    first events; `(every model known, place in the line of each task inserted by id)`.
-    A row's `vtime` is its `line_offsets` offset if it is due, else None (it waits
-    outside the line). Nothing is inserted when a model is unknown; a task whose dedupe
-    key is held is skipped. `notify`: the same statement NOTIFYs `WORK_CHANNEL`
-    (`Database.announce_work(notified=True)`).
-
-    `cursor` is a driver cursor (`core.store.driver`): in a transaction, or committing
-    the statement by itself."""
+def births_query(
+    dialect: Dialect, rows: Sequence[Mapping[str, Any]], wanted_models: Sequence[str],
+    now: int, *, notify: bool,
+) -> tuple[str, dict[str, Any]]:
+    """The statement inserting the tasks `rows` (all with the same keys) with their
+    response rows and first events, as text and parameters for a driver cursor
+    (`core.store.driver`, or asyncio's in `core.store.pg_async`): in a transaction, or
+    committing by itself. A row's `vtime` is its `line_offsets` offset if it is due,
+    else None (it waits outside the line). Nothing is inserted when a model is
+    unknown; a task whose dedupe key is held is skipped. `notify`: the same statement
+    NOTIFYs `WORK_CHANNEL` (`Database.announce_work(notified=True)`)."""
     text, constants = _driver_statement(tuple(rows[0]), notify, dialect)
     # One order of dedupe keys for every batch: batches in flight side by side then
     # wait for each other's keys in one direction only, never in a deadlock (stable,
     # so the first request of a batch holding a key still wins it).
     ordered = sorted(rows, key=lambda row: (row["client_id"], row["dedupe_key"] or ""))
-    cursor.execute(text, {**constants, "rows": rows_param(ordered),
-                          "models": list(wanted_models), "wanted": len(wanted_models),
-                          "now": now})
-    known, places = cursor.fetchone()[:2]
+    return text, {**constants, "rows": rows_param(ordered), "models": list(wanted_models),
+                  "wanted": len(wanted_models), "now": now}
+
+
+def births_answer(
+    row: Sequence[Any], wanted_models: Sequence[str]
+) -> tuple[bool, dict[str, int | None]]:
+    """`(every model known, place in the line of each task inserted by id)`, from the
+    row `births_query`'s statement returned."""
+    known, places = row[:2]
     return known == len(wanted_models), dict(places or {})
 
 

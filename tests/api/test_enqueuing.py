@@ -8,14 +8,16 @@ import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.exc import OperationalError
 
 from core.errors import InvalidInput
 from core.idempotency import IdempotencyClaim
+from core.store import new_tasks
 from core.store.database import Database
 from core.store.new_tasks import Enqueued, NewTask
 from core.tables import task_events, tasks
+from handlers import enqueuing
 from handlers.enqueuing import Enqueuer
 
 
@@ -186,5 +188,59 @@ def test_a_turn_that_fails_answers_every_waiting_request_with_its_error(
         raise OperationalError("BEGIN", {}, Exception("the store is gone"))
 
     monkeypatch.setattr(db, "write_turn", unavailable)
-    answers = run_together(db, [(new(model_id), None) for _ in range(5)])
+    # With a key, a request is a transaction on either store, so it waits for a turn.
+    answers = run_together(db, [(new(model_id), IdempotencyClaim(f"k{n}", "d"))
+                                for n in range(5)])
     assert all(isinstance(answer, OperationalError) for answer in answers)
+
+
+# PostgreSQL alone: a batch without keys or quotas is one statement committing by itself,
+# run on the event loop (`core.store.pg_async`), not in a transaction on the writer thread.
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_batch_of_births_alone_commits_on_the_loop_and_leaves_conflicts_to_enqueue(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits = counted_writes(db, monkeypatch)
+    answers = run_together(db, [(new(model_id), None) for _ in range(20)])
+    assert len({a.task_id for a in answers if isinstance(a, Enqueued)}) == 20
+    assert commits == []  # no transaction: each batch's statement committed by itself
+    first, deduped, dedupe_hit, unknown, plain = run_together(db, [
+        (new(model_id), None), (new(model_id, dedupe_key="daily"), None),
+        (new(model_id, dedupe_key="daily"), None), (new("no-such-model"), None),
+        (new(model_id), None)])
+    assert isinstance(deduped, Enqueued) and isinstance(dedupe_hit, Enqueued)
+    assert dedupe_hit.dedupe_hit and dedupe_hit.task_id == deduped.task_id
+    assert isinstance(unknown, InvalidInput) and unknown.code == "model_not_found"
+    assert all(isinstance(a, Enqueued) and a.status_code == 202 for a in (first, plain))
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_lost_loop_connection_fails_no_request_and_is_replaced(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ended the loop's connection: that batch's requests are answered by
+    `enqueue` on the writer thread, and the next batch opens a fresh connection."""
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
+    alone: list[NewTask] = []
+
+    def enqueue_alone(db: Database, task: NewTask, **options: Any) -> Enqueued:
+        alone.append(task)
+        return new_tasks.enqueue(db, task, **options)
+
+    monkeypatch.setattr(enqueuing, "enqueue", enqueue_alone)
+
+    async def scenario() -> list[Enqueued]:
+        await enqueuer.enqueue(new(model_id), None)  # opens the loop's connection
+        with db.engine.connect() as other:
+            other.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE datname = current_database() "
+                               "AND pid <> pg_backend_pid()"))
+            other.commit()
+        answers = [await enqueuer.enqueue(new(model_id), None) for _ in range(3)]
+        await enqueuer.close()
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert all(answer.status_code == 202 for answer in answers)
+    assert all(_stored(db, answer.task_id) for answer in answers)
+    assert len(alone) == 1  # the batch that met the dead connection; not the next ones

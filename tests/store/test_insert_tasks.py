@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from core.errors import InvalidInput
 from core.store.database import WORK_CHANNEL, Database
 from core.store.line import places
 from core.store.new_tasks import NewTask, insert_task, insert_tasks, insert_tasks_alone
+from core.store.pg_async import AutocommitConnections
 from core.tables import responses, task_events, tasks
 from tests.store.helpers import event_types, new_task, task_row
 
@@ -204,3 +206,28 @@ def test_births_alone_drop_a_lost_connection_and_the_next_one_works(
             insert_tasks_alone(db, [request(model_id, 1)])
         assert insert_tasks_alone(db, [request(model_id, 2)])[0] is not None
     assert counts(db) == (2, 2, 2)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_the_event_loops_connections_raise_as_sqlalchemy_does_and_are_kept(
+    db: Database,
+) -> None:
+    """`core.store.pg_async`: a refused statement is SQLAlchemy's error, without its
+    parameters; the connection, still sound, serves the next statement."""
+    connections = AutocommitConnections(db)
+
+    async def scenario() -> list[int]:
+        pids = []
+        for _ in range(2):
+            with pytest.raises(DataError) as refused:
+                async with connections.cursor() as cursor:
+                    await cursor.execute("SELECT %(secret)s::int / 0", {"secret": 7})
+            assert "secret" not in str(refused.value.params or "")
+            async with connections.cursor() as cursor:
+                await cursor.execute("SELECT pg_backend_pid()")
+                pids.append((await cursor.fetchone())[0])
+        await connections.close()
+        return pids
+
+    first, second = asyncio.run(scenario())
+    assert first == second
