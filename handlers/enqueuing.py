@@ -12,10 +12,15 @@ every other process's commit, and the requests that arrived meanwhile join the b
 instead of waiting for the next one (measured with two API processes: batches half as
 big, so half the rate, when taken before the wait). On SQLite one drain loop per process
 keeps at most one batch in flight (the store admits one writer anyway), so batches grow
-with the load. PostgreSQL commits several transactions at once: up to `PARALLEL_BATCHES`
-drain loops each take what is waiting, so a request that arrives during a commit does
-not wait for it to end (measured: under load the acknowledgement was mostly that wait)
-while batches still grow once they are all busy.
+with the load. PostgreSQL could commit several transactions at once, but one batch in
+flight per process is the rule there too: a batch of births alone is one round trip
+(`core.store.pg_async`), and measured with two API processes on 2 cores, one batch in
+flight each against four gave twice the rate at half the CPU per request on both sides
+(bigger batches, and the server's backends no longer contending for the same index
+pages). A batch can stall, though, waiting on a row lock another transaction holds (a
+dedupe or idempotency key): once every batch in flight has been out for
+`STALLED_SECONDS`, another drain loop starts, up to `PARALLEL_BATCHES`, so a request
+arriving then does not wait for that lock.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from handlers.threads import writing
 
 MAX_BATCH = 128
 PARALLEL_BATCHES = 4
+STALLED_SECONDS = 0.02  # a commit of births is a round trip and an fsync: milliseconds
 
 _Answer = asyncio.Future[Enqueued]
 _Pending = tuple[NewTask, IdempotencyClaim | None, _Answer]
@@ -52,6 +58,8 @@ class Enqueuer:
         self._taking = threading.Lock()  # the event loop adds, the writer thread takes
         self._parallel = 1 if db.single_writer else PARALLEL_BATCHES
         self._drainers: list[asyncio.Task[None]] = []  # held: the loop keeps tasks weakly
+        self._out_since: dict[asyncio.Task[None], float] = {}  # each batch in flight
+        self._recheck: asyncio.TimerHandle | None = None
         self._connections = AutocommitConnections(db) if db.data_modifying_ctes else None
 
     async def close(self) -> None:
@@ -64,30 +72,58 @@ class Enqueuer:
         answer: asyncio.Future[Enqueued] = asyncio.get_running_loop().create_future()
         with self._taking:
             self._pending.append((new, claim, answer))
-        # A drainer is done only once it found nothing pending (no await in between),
-        # so the request just added is taken by a live one or by the one started here.
-        self._drainers = [drainer for drainer in self._drainers if not drainer.done()]
-        if len(self._drainers) < self._parallel:
-            self._drainers.append(asyncio.get_running_loop().create_task(self._drain()))
+        self._start_drainer()
         return await answer
 
+    def _start_drainer(self) -> None:
+        """Start a drain loop if none runs, or if every batch in flight has stalled;
+        else look again once the newest one would count as stalled.
+
+        A drainer is done only once it found nothing pending (no await in between), and
+        one between batches takes what is pending before it awaits, so a request just
+        added is taken by a live drainer, by the one started here, or after the check."""
+        loop = asyncio.get_running_loop()
+        self._recheck = None
+        self._drainers = [drainer for drainer in self._drainers if not drainer.done()]
+        if not self._pending or len(self._drainers) >= self._parallel:
+            return
+        if any(drainer not in self._out_since for drainer in self._drainers):
+            return  # a drainer between batches takes it
+        newest = max((self._out_since[drainer] for drainer in self._drainers),
+                     default=float("-inf"))
+        if loop.time() - newest >= STALLED_SECONDS:
+            self._drainers.append(loop.create_task(self._drain()))
+        elif self._recheck is None:
+            self._recheck = loop.call_at(newest + STALLED_SECONDS, self._start_drainer)
+
     async def _drain(self) -> None:
-        while self._pending:
-            # A single writer takes its batch once its turn has come; where writers
-            # run side by side there is no turn to wait for, and a batch taken now
-            # cannot leave another drainer's hop with nothing to do.
-            batch = None if self._db.single_writer else self._take()
-            if batch is not None and births_alone(self._db, [(n, c) for n, c, _ in batch]):
-                outcomes = await self._commit_on_loop(batch)
+        this = asyncio.current_task()
+        assert this is not None
+        try:
+            while self._pending:
+                self._out_since[this] = asyncio.get_running_loop().time()
+                await self._drain_one()
+                del self._out_since[this]
+        finally:
+            self._out_since.pop(this, None)
+
+    async def _drain_one(self) -> None:
+        """Commit the next batch and answer each of its requests."""
+        # A single writer takes its batch once its turn has come; where writers
+        # run side by side there is no turn to wait for, and a batch taken now
+        # cannot leave another drainer's hop with nothing to do.
+        batch = None if self._db.single_writer else self._take()
+        if batch is not None and births_alone(self._db, [(n, c) for n, c, _ in batch]):
+            outcomes = await self._commit_on_loop(batch)
+        else:
+            outcomes = await writing(self._db, self._commit_next, batch)
+        for answer, outcome in outcomes:
+            if answer.done():  # the client went away
+                continue
+            if isinstance(outcome, Exception):
+                answer.set_exception(outcome)
             else:
-                outcomes = await writing(self._db, self._commit_next, batch)
-            for answer, outcome in outcomes:
-                if answer.done():  # the client went away
-                    continue
-                if isinstance(outcome, Exception):
-                    answer.set_exception(outcome)
-                else:
-                    answer.set_result(outcome)
+                answer.set_result(outcome)
 
     def _take(self) -> list[_Pending]:
         with self._taking:

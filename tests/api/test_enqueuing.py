@@ -215,6 +215,47 @@ def test_a_batch_of_births_alone_commits_on_the_loop_and_leaves_conflicts_to_enq
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_one_batch_is_in_flight_unless_it_stalls(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests arriving while a batch commits wait for it and share the next one; a
+    batch that stays out past `STALLED_SECONDS` lets another start beside it."""
+    out, most, sizes = [0], [0], []
+    stall = [0.0]
+
+    async def counted(db: Database, connections: Any, batch: Any) -> Any:
+        out[0] += 1
+        most[0] = max(most[0], out[0])
+        sizes.append(len(batch))
+        try:
+            if len(sizes) == 1:
+                await asyncio.sleep(stall[0])
+            return await new_tasks.enqueue_many_async(db, connections, batch)
+        finally:
+            out[0] -= 1
+
+    monkeypatch.setattr(enqueuing, "enqueue_many_async", counted)
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
+
+    async def burst() -> None:
+        await enqueuer.enqueue(new(model_id), None)  # the loop's connection is open
+        most[0], sizes[:] = 0, []
+        first = asyncio.ensure_future(enqueuer.enqueue(new(model_id), None))
+        await asyncio.sleep(0)  # its batch is out
+        await asyncio.gather(first, *(enqueuer.enqueue(new(model_id), None)
+                                      for _ in range(30)))
+        await enqueuer.close()
+
+    monkeypatch.setattr(enqueuing, "STALLED_SECONDS", 30.0)  # nothing stalls
+    asyncio.run(burst())
+    assert most == [1] and sizes == [1, 30]
+    monkeypatch.setattr(enqueuing, "STALLED_SECONDS", 0.05)
+    stall[0] = 0.5  # the first batch of the burst stays out
+    asyncio.run(burst())
+    assert most == [2] and sizes == [1, 30]  # the 30 went out while the first stalled
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_a_lost_loop_connection_fails_no_request_and_is_replaced(
     db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
