@@ -83,7 +83,6 @@ class Enqueuer:
         one between batches takes what is pending before it awaits, so a request just
         added is taken by a live drainer, by the one started here, or after the check."""
         loop = asyncio.get_running_loop()
-        self._recheck = None
         self._drainers = [drainer for drainer in self._drainers if not drainer.done()]
         if not self._pending or len(self._drainers) >= self._parallel:
             return
@@ -94,7 +93,11 @@ class Enqueuer:
         if loop.time() - newest >= STALLED_SECONDS:
             self._drainers.append(loop.create_task(self._drain()))
         elif self._recheck is None:
-            self._recheck = loop.call_at(newest + STALLED_SECONDS, self._start_drainer)
+            self._recheck = loop.call_at(newest + STALLED_SECONDS, self._look_again)
+
+    def _look_again(self) -> None:
+        self._recheck = None
+        self._start_drainer()
 
     async def _drain(self) -> None:
         this = asyncio.current_task()

@@ -235,9 +235,9 @@ def test_one_batch_is_in_flight_unless_it_stalls(
             out[0] -= 1
 
     monkeypatch.setattr(enqueuing, "enqueue_many_async", counted)
-    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
 
     async def burst() -> None:
+        enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
         await enqueuer.enqueue(new(model_id), None)  # the loop's connection is open
         most[0], sizes[:] = 0, []
         first = asyncio.ensure_future(enqueuer.enqueue(new(model_id), None))
@@ -251,8 +251,17 @@ def test_one_batch_is_in_flight_unless_it_stalls(
     assert most == [1] and sizes == [1, 30]
     monkeypatch.setattr(enqueuing, "STALLED_SECONDS", 0.05)
     stall[0] = 0.5  # the first batch of the burst stays out
+    looks: list[Enqueuer] = []
+    look_again = Enqueuer._look_again
+
+    def looked(self: Enqueuer) -> None:
+        looks.append(self)
+        look_again(self)
+
+    monkeypatch.setattr(Enqueuer, "_look_again", looked)
     asyncio.run(burst())
     assert most == [2] and sizes == [1, 30]  # the 30 went out while the first stalled
+    assert len(looks) == 1  # one timer for the burst, not one per request
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
