@@ -185,7 +185,8 @@ async def enqueue_many_async(
     try:
         async with connections.cursor() as cursor:
             await cursor.execute(*_births_query(connections.dialect, rows, now, notify=True))
-            inserted = _inserted(rows, await cursor.fetchone())
+            answer = await cursor.fetchone()
+        inserted = _inserted(rows, answer)
     except Exception:  # nothing of it was stored: each request is tried alone
         return [None] * len(batch)
     if inserted:

@@ -52,8 +52,8 @@ class AutocommitConnections:
             else:
                 self._idle.append(conn)
             raise self._sqlalchemy_error(exc) from exc
-        except BaseException:  # cancelled mid-statement: its outcome is unknown
-            await conn.close()
+        except BaseException:  # cancelled, say, mid-statement: the connection's state
+            await conn.close()  # is unknown
             raise
         self._idle.append(conn)
 

@@ -294,3 +294,32 @@ def test_a_lost_loop_connection_fails_no_request_and_is_replaced(
     assert all(answer.status_code == 202 for answer in answers)
     assert all(_stored(db, answer.task_id) for answer in answers)
     assert len(alone) == 1  # the batch that met the dead connection; not the next ones
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_refused_batch_keeps_the_loops_connection(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unknown model refuses the loop's batch (then `enqueue` answers
+    `model_not_found`); the connection, sound, serves the next batch."""
+    import psycopg
+
+    opened: list[int] = []
+    connect = psycopg.AsyncConnection.connect
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        opened.append(1)
+        return await connect(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", counted)
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
+
+    async def scenario() -> None:
+        await enqueuer.enqueue(new(model_id), None)
+        with pytest.raises(InvalidInput):
+            await enqueuer.enqueue(new("no-such-model"), None)
+        await enqueuer.enqueue(new(model_id), None)
+        await enqueuer.close()
+
+    asyncio.run(scenario())
+    assert opened == [1]
