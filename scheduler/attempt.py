@@ -15,12 +15,11 @@ never comes after the lease the store holds.
 
 from __future__ import annotations
 
-import queue
 from enum import StrEnum
-from typing import Any
 
 from core.clock import Clock
 from core.store.claims import Claim
+from scheduler.inbox import Inbox
 
 
 class Outcome(StrEnum):
@@ -58,7 +57,7 @@ class Attempt:
         self.renewed_at_ms = clock.now_ms() if leased_at_ms is None else leased_at_ms
         self._renewal_failed = False
         self._renewing_since_ms: int | None = None
-        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.inbox = Inbox()
         # Raised by other threads, never waited on: a set's `add` and `in` are atomic,
         # and three `threading.Event`s (a lock and a condition each) cost more to make
         # than the rest of a no-op attempt's bookkeeping.

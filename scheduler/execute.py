@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ log = logging.getLogger(__name__)
 INVALID_REQUEST = "invalid_request"
 ENGINE_ERROR = "engine_error"
 TIMEOUT = "timeout"
-_TICK_MS = 50  # longest the runner sleeps without looking at its flags
+_TICK_MS = 50  # longest the runner sleeps without looking at its flags, unless text is pending
 
 
 @dataclass(frozen=True)
@@ -148,7 +147,7 @@ def _produce(
         loaded = engine.load(model_file)
         attempt.inbox.put(_Loaded())
         for chunk in loaded.generate(request, snapshot, attempt.should_stop):
-            attempt.inbox.put(chunk)
+            attempt.inbox.put_chunk(chunk)
         attempt.inbox.put(_Ended())
     except BaseException as exc:  # handed to the runner, which decides
         attempt.inbox.put(_Raised(exc))
@@ -168,26 +167,37 @@ def _stream(db: Database, settings: Settings, attempt: Attempt, complete: Comple
     writes = _Writes(db, attempt, output, complete, running=attempt.claim.resumed)
     while True:
         now = clock.now_ms()
-        wait_ms = min(_TICK_MS, max(0, attempt.deadline_ms - now), writes.ms_until_due(now))
-        try:
-            item = attempt.inbox.get(timeout=wait_ms / 1000)
-        except queue.Empty:
-            item = WAKE
-        reason = attempt.stop_reason()
-        # An engine that finished on its own completes even if a flag was raised just
-        # now: the fenced `complete` still honours a cancel or a lost lease.
-        natural_end = isinstance(item, _Ended) and not attempt.engine_stopped
-        if reason is not None and not natural_end:
-            return _stop(db, settings, attempt, writes, reason)
-        if isinstance(item, _Loaded):
-            writes.loaded(clock.now_ms() + settings.flush_interval_ms)
-        elif isinstance(item, Chunk):
-            output.add(item, clock.now_ms())
-        elif isinstance(item, _Ended):
-            writes.complete()
-            return Outcome.COMPLETED
-        elif isinstance(item, _Raised):
-            return _engine_raised(db, settings, attempt, item.error)
+        # While text is pending its flush is due within one interval anyway, and every
+        # flag, the engine's end and a full flush wake the runner (scheduler/inbox.py):
+        # no tick in between. A hung engine sends no text, so the tick is back by then.
+        room = output.room_bytes()
+        tick = _TICK_MS if room is None else settings.flush_interval_ms
+        wait_ms = min(tick, max(0, attempt.deadline_ms - now), writes.ms_until_due(now))
+        items = attempt.inbox.take(wait_ms / 1000, room_bytes=room)
+        for index, item in enumerate(items or (WAKE,)):
+            reason = attempt.stop_reason()
+            # An engine that finished on its own completes even if a flag was raised
+            # just now: the fenced `complete` still honours a cancel or a lost lease.
+            natural_end = isinstance(item, _Ended) and not attempt.engine_stopped
+            if reason is not None and not natural_end:
+                if reason is StopReason.HAND_BACK:  # held chunks count as made
+                    for held in items[index:]:
+                        if isinstance(held, Chunk):
+                            output.add(held, clock.now_ms())
+                return _stop(db, settings, attempt, writes, reason)
+            if isinstance(item, _Loaded):
+                writes.loaded(clock.now_ms() + settings.flush_interval_ms)
+            elif isinstance(item, Chunk):
+                output.add(item, clock.now_ms())
+                if output.full():
+                    writes.flush(clock.now_ms())
+            elif isinstance(item, _Ended):
+                writes.complete()
+                return Outcome.COMPLETED
+            elif isinstance(item, _Raised):
+                return _engine_raised(db, settings, attempt, item.error)
+        # Time-based flushes only once all that was taken is pending: chunks held while
+        # text waited arrived before now, and belong in the flush that is due.
         writes.when_due(clock.now_ms())
 
 

@@ -62,8 +62,18 @@ class Output:
 
     def flush_due(self, now_ms: int) -> bool:
         """Text is waiting and either enough of it or enough time has gathered."""
-        return bool(self._pending) and (
-            self._pending_bytes >= self._max_bytes or self._due_at_ms() <= now_ms)
+        return self.full() or (bool(self._pending) and self._due_at_ms() <= now_ms)
+
+    def full(self) -> bool:
+        """The pending text has reached the flush size."""
+        return bool(self._pending) and self._pending_bytes >= self._max_bytes
+
+    def room_bytes(self) -> int | None:
+        """How much more text may arrive before a size-based flush; None while nothing
+        is pending (then the next text's arrival starts the flush interval)."""
+        if not self._pending:
+            return None
+        return max(1, self._max_bytes - self._pending_bytes)
 
     def ms_until_due(self, now_ms: int) -> int | None:
         """How long until a time-based flush, None when nothing is waiting."""

@@ -69,6 +69,21 @@ def test_deltas_are_flushed_when_they_reach_the_size_limit(
     assert [d["delta"] for d in deltas] == ["w0 w1 ", "w2 w3 ", "w4 w5 ", "w6 w7 ", "w8 w9 "]
 
 
+def test_a_size_flush_is_not_held_back_while_chunks_trickle_in(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    """The runner sleeps through chunks while text is pending (scheduler/inbox.py), but
+    the chunk that reaches the flush size still wakes it: the same deltas as above,
+    not one batch at the end (the interval alone would never come due)."""
+    settings = fast.model_copy(update={"flush_bytes": 6, "flush_interval_ms": 60_000})
+    task_id = new_task(db, model_id, input="words=10 delay=0.02")
+    run_pass(db, settings)
+    deltas = event_data(db, task_id, "response.output_text.delta")
+    # The first text goes alone after `FIRST_FLUSH_MS` (10 ms, before "w1 " comes).
+    assert [d["delta"] for d in deltas] == ["w0 ", "w1 w2 ", "w3 w4 ", "w5 w6 ", "w7 w8 ",
+                                            "w9 "]
+
+
 def test_deltas_are_flushed_by_time_between_chunks(
     db: Database, fast: Settings, model_id: str
 ) -> None:
