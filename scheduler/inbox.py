@@ -6,9 +6,10 @@ nothing it would act on before that flush is due, unless it brings the pending t
 the flush size: the arrival time that matters is the oldest pending text's, and the
 flush takes the latest snapshot either way. So while text is pending, chunks gather
 here without waking the runner, which takes them all when it wakes for the flush (or
-for anything else). With a steady stream that is one runner wake-up per flush instead
-of one per network read. Every other item (loaded, ended, raised, a flag's wake-up)
-wakes the runner at once, as does any chunk while nothing is pending.
+for anything else). With a steady stream that is about two runner wake-ups per flush
+(the first text after the last flush, then the flush) instead of one per network read.
+Every other item (loaded, ended, raised, a flag's wake-up) wakes the runner at once, as
+does any chunk while nothing is pending.
 """
 
 from __future__ import annotations
