@@ -41,7 +41,7 @@ from core.clients import ADMIN
 from core.idempotency import IdempotencyClaim
 from core.models_registry import register
 from core.settings import Settings
-from core.store import new_tasks
+from core.store import births, new_tasks
 from core.store.clients import create_client
 from core.store.connect import open_database
 from infra.migrate import upgrade
@@ -162,7 +162,7 @@ def main() -> None:
         token = create_client(db, name="bench", scopes=frozenset({ADMIN})).token
         request_json = json.dumps({"model": "bench", "input": "words=3"})
         store_rate = rate(args.store_count, lambda i: new_tasks.enqueue(
-            db, new_tasks.NewTask(client_id="store-bench", model="bench",
+            db, births.NewTask(client_id="store-bench", model="bench",
                                   request_json=request_json),
             idempotency=IdempotencyClaim(f"store-{i}", "digest")))
         db.dispose()

@@ -35,10 +35,10 @@ import psycopg
 from bench.http import exchange, free_port, load
 from core.models_registry import register
 from core.settings import Settings
+from core.store.births import NewTask, insert_task
 from core.store.clients import create_client
 from core.store.connect import create_db_engine
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_task
 from infra.migrate import upgrade
 from tests.databases import private_pg_database
 from tests.scheduler.processes import environment, wait_until

@@ -35,9 +35,9 @@ import tests.engines  # noqa: F401  registers the `test.words` engine its model 
 from bench.throughput import MODEL, store
 from core.settings import Settings
 from core.store import claims, completion, worker_writes
+from core.store.births import NewTask, insert_task
 from core.store.connect import create_db_engine
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_task
 from scheduler.claiming import execute_due
 
 _SET_UP = "set-up"  # the tasks' enqueue, left out of the figures

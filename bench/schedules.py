@@ -30,9 +30,9 @@ from core.clock import Clock
 from core.ids import sortable_id
 from core.schedules import create_schedule
 from core.settings import Settings
+from core.store.births import NewTask, insert_task, insert_tasks
 from core.store.connect import create_db_engine
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_task, insert_tasks
 from core.tables import models, schedules
 from infra.migrate import upgrade
 from scheduler.fire_schedules import fire_due

@@ -47,9 +47,9 @@ from sqlalchemy import text
 import tests.engines  # noqa: F401  registers the `test.words` engine its model names
 from core.models_registry import register
 from core.settings import Settings
+from core.store.births import NewTask, insert_task
 from core.store.connect import create_db_engine
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_task
 from infra.migrate import upgrade
 from tests.databases import private_pg_database
 from tests.scheduler.processes import ROOT, environment

@@ -29,7 +29,7 @@ from core.engines.base import Usage
 from core.idempotency import IdempotencyClaim
 from core.ids import sortable_id
 from core.settings import Settings
-from core.store import claims, completion, new_tasks, worker_writes
+from core.store import births, claims, completion, new_tasks, worker_writes
 from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.recovery import recover
@@ -96,14 +96,14 @@ def store_rates(db: Database, count: int) -> dict[str, float]:
     request = json.dumps({"model": "m", "input": "hello"})
 
     def enqueue(i: int) -> None:
-        new_tasks.enqueue(db, new_tasks.NewTask(client_id="bench", model="m", request_json=request),
+        new_tasks.enqueue(db, births.NewTask(client_id="bench", model="m", request_json=request),
                           idempotency=IdempotencyClaim(f"key-{i}", "digest"))
 
     enqueue_rate = rate(count, enqueue)
 
     def enqueue_group(i: int) -> None:
         new_tasks.enqueue_many(db, [
-            (new_tasks.NewTask(client_id="bench", model="m", request_json=request),
+            (births.NewTask(client_id="bench", model="m", request_json=request),
              IdempotencyClaim(f"group-{i}-{n}", "digest")) for n in range(GROUP)])
 
     groups = max(1, count // GROUP)

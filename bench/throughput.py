@@ -35,10 +35,10 @@ from bench.store import raw_pg_rate, raw_sqlite_rate
 from core.models_registry import register
 from core.settings import Settings
 from core.states import Status
+from core.store.births import NewTask, insert_task
 from core.store.clients import create_client
 from core.store.connect import create_db_engine
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_task
 from core.tables import task_events, tasks
 from infra.migrate import upgrade
 from tests.databases import private_pg_database

@@ -21,7 +21,7 @@ from core.ids import sampling_seed
 from core.priorities import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY, SERVICE_TIERS
 from core.settings import Settings
 from core.states import OnRestart
-from core.store.new_tasks import NewTask
+from core.store.births import NewTask
 
 PrintableAscii = Annotated[
     str, StringConstraints(min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$")

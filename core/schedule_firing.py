@@ -41,8 +41,8 @@ from core.cron import due_slots, next_slot, parse_cron
 from core.errors import DomainError
 from core.requests import ResponseRequest, new_task
 from core.settings import Settings
+from core.store.births import NewTask, insert_tasks
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_tasks
 from core.store.schedule_slots import (
     attach_tasks,
     claim_schedules,

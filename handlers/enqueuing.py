@@ -29,15 +29,9 @@ import asyncio
 import threading
 
 from core.idempotency import IdempotencyClaim
+from core.store.births import NewTask
 from core.store.database import Database
-from core.store.new_tasks import (
-    Enqueued,
-    NewTask,
-    births_alone,
-    enqueue,
-    enqueue_many,
-    enqueue_many_async,
-)
+from core.store.new_tasks import Enqueued, births_alone, enqueue, enqueue_many, enqueue_many_async
 from core.store.pg_async import AutocommitConnections
 from handlers.threads import writing
 

@@ -27,7 +27,8 @@ from core.idempotency import IdempotencyClaim, parse_key, request_digest
 from core.objects import deleted_object, response_object
 from core.requests import ResponseRequest, new_task
 from core.states import TERMINAL, Status
-from core.store.new_tasks import NewTask, dedupe_holder, is_recorded
+from core.store.births import NewTask
+from core.store.new_tasks import dedupe_holder, is_recorded
 from core.store.tasks import cancel, delete_finished, get_response
 from handlers.answers import json_bytes, task_location
 from handlers.auth import ClientRequest, requires, token_still_valid

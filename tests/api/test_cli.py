@@ -10,8 +10,9 @@ from click.testing import CliRunner
 
 from core.settings import Settings
 from core.store import claims, worker_writes
+from core.store.births import NewTask
 from core.store.database import Database
-from core.store.new_tasks import NewTask, enqueue
+from core.store.new_tasks import enqueue
 from infra.cli import main
 from tests.api.helpers import complete_due, register_test_model
 

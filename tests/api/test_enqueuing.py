@@ -14,8 +14,9 @@ from sqlalchemy.exc import OperationalError
 from core.errors import InvalidInput
 from core.idempotency import IdempotencyClaim
 from core.store import new_tasks
+from core.store.births import NewTask
 from core.store.database import Database
-from core.store.new_tasks import Enqueued, NewTask
+from core.store.new_tasks import Enqueued
 from core.tables import task_events, tasks
 from handlers import enqueuing
 from handlers.enqueuing import Enqueuer

@@ -15,8 +15,9 @@ from core.model_files import install_default_model
 from core.models_registry import register
 from core.settings import Settings
 from core.states import OnRestart
+from core.store.births import NewTask
 from core.store.database import Database
-from core.store.new_tasks import NewTask, enqueue
+from core.store.new_tasks import enqueue
 from tests.scheduler.helpers import run_pass
 
 ENTRY = {"temperature": "0.7", "top_p": "0.8", "repeat_penalty": "1.3", "top_k": "40"}

@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import select
 
 from core.settings import Settings
+from core.store.births import NewTask, insert_task
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_task
 from core.tables import responses
 from scheduler.claiming import execute_due
 from tests.store.helpers import events_of

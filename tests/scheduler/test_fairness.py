@@ -9,8 +9,8 @@ from collections import defaultdict
 from sqlalchemy import select
 
 from core.settings import Settings
+from core.store.births import NewTask, insert_tasks
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_tasks
 from core.tables import task_events, tasks
 from scheduler.claiming import execute_due
 from tests.scheduler.processes import wait_until

@@ -18,8 +18,8 @@ from sqlalchemy import func, select
 
 from core.settings import Settings
 from core.states import TERMINAL, OnRestart, Status
+from core.store.births import NewTask, insert_tasks
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_tasks
 from core.tables import responses, task_events, tasks
 from tests.engines import expected_text
 from tests.scheduler.processes import Children, environment, run_json, wait_until

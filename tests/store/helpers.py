@@ -9,8 +9,9 @@ from sqlalchemy import select, text, update
 
 from core.objects import TERMINAL_EVENTS
 from core.states import OnRestart
+from core.store.births import NewTask
 from core.store.database import Database
-from core.store.new_tasks import NewTask, enqueue
+from core.store.new_tasks import enqueue
 from core.tables import task_events, tasks
 
 

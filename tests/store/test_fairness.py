@@ -12,8 +12,8 @@ from collections import Counter
 from freezegun import freeze_time
 
 from core.store import claims, worker_writes
+from core.store.births import NewTask, insert_tasks
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_tasks
 from tests.store.helpers import new_task, task_row
 
 LEASE = 60_000

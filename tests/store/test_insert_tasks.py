@@ -10,9 +10,9 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import DataError, OperationalError
 
 from core.errors import InvalidInput
+from core.store.births import NewTask, insert_task, insert_tasks, insert_tasks_alone
 from core.store.database import WORK_CHANNEL, Database
 from core.store.line import places
-from core.store.new_tasks import NewTask, insert_task, insert_tasks, insert_tasks_alone
 from core.store.pg_async import AutocommitConnections
 from core.tables import responses, task_events, tasks
 from tests.store.helpers import event_types, new_task, task_row
@@ -142,7 +142,7 @@ def test_a_batch_takes_the_places_in_line_that_line_places_gives(
 
 
 # PostgreSQL alone: a batch that is only births commits its one statement by itself
-# (`core.store.new_tasks.insert_tasks_alone`, `core.store.driver.autocommit_cursor`).
+# (`core.store.births.insert_tasks_alone`, `core.store.driver.autocommit_cursor`).
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_births_alone_write_what_a_transaction_writes_and_are_committed_on_return(
     db: Database, model_id: str

@@ -26,7 +26,7 @@ from core.errors import CancelRequested, Conflict, LeaseLost
 from core.objects import TERMINAL_EVENTS
 from core.settings import Settings as TaskwardSettings
 from core.states import TERMINAL, OnRestart, Status
-from core.store import claims, completion, new_tasks, tasks, worker_writes
+from core.store import births, claims, completion, new_tasks, tasks, worker_writes
 from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.recovery import expire_leases, recover
@@ -77,7 +77,7 @@ def interleavings(database_url: str) -> type[RuleBasedStateMachine]:
                 self.enqueue(policy)
 
         def enqueue(self, policy: OnRestart) -> None:
-            result = new_tasks.enqueue(self.db, new_tasks.NewTask(
+            result = new_tasks.enqueue(self.db, births.NewTask(
                 client_id="c", model="words", request_json="{}", on_restart=policy,
                 max_attempts=3))
             self.task_ids.append(result.task_id)

@@ -14,7 +14,7 @@ from core.errors import CancelRequested, Conflict, ForbiddenTransition, InvalidI
 from core.idempotency import IdempotencyClaim
 from core.objects import task_object
 from core.states import OnRestart, Status
-from core.store import claims, completion, new_tasks, tasks, worker_writes
+from core.store import births, claims, completion, new_tasks, tasks, worker_writes
 from core.store.database import Database
 from core.store.transitions import Event, move
 from core.tables import idempotency_keys
@@ -44,7 +44,7 @@ def delta(text: str) -> Event:
 # --- enqueue ---------------------------------------------------------------------------
 
 def test_enqueue_persists_task_response_and_first_event(db: Database, model_id: str) -> None:
-    result = new_tasks.enqueue(db, new_tasks.NewTask(client_id="c", model=model_id,
+    result = new_tasks.enqueue(db, births.NewTask(client_id="c", model=model_id,
                                                      request_json='{"model":"words","input":"x"}'))
     assert result.status_code == 202
     body = json.loads(result.body)
@@ -65,7 +65,7 @@ def test_enqueue_refuses_unknown_model_and_stores_nothing(db: Database, model_id
 def test_same_idempotency_key_and_request_replays_byte_identical(
     db: Database, model_id: str
 ) -> None:
-    new = new_tasks.NewTask(client_id="c", model=model_id, request_json="{}")
+    new = births.NewTask(client_id="c", model=model_id, request_json="{}")
     first = new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d1"))
     again = new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d1"))
     assert again.replayed and again.body == first.body and again.task_id == first.task_id
@@ -74,7 +74,7 @@ def test_same_idempotency_key_and_request_replays_byte_identical(
 
 
 def test_same_idempotency_key_with_other_request_is_refused(db: Database, model_id: str) -> None:
-    new = new_tasks.NewTask(client_id="c", model=model_id, request_json="{}")
+    new = births.NewTask(client_id="c", model=model_id, request_json="{}")
     new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d1"))
     with pytest.raises(InvalidInput) as error:
         new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k1", "d2"))
@@ -82,15 +82,15 @@ def test_same_idempotency_key_with_other_request_is_refused(db: Database, model_
 
 
 def test_idempotency_keys_are_scoped_per_client(db: Database, model_id: str) -> None:
-    a = new_tasks.enqueue(db, new_tasks.NewTask(client_id="a", model=model_id, request_json="{}"),
+    a = new_tasks.enqueue(db, births.NewTask(client_id="a", model=model_id, request_json="{}"),
                           idempotency=IdempotencyClaim("k", "d"))
-    b = new_tasks.enqueue(db, new_tasks.NewTask(client_id="b", model=model_id, request_json="{}"),
+    b = new_tasks.enqueue(db, births.NewTask(client_id="b", model=model_id, request_json="{}"),
                           idempotency=IdempotencyClaim("k", "d"))
     assert a.task_id != b.task_id and not b.replayed
 
 
 def test_expired_idempotency_key_creates_a_new_task(db: Database, model_id: str) -> None:
-    new = new_tasks.NewTask(client_id="c", model=model_id, request_json="{}")
+    new = births.NewTask(client_id="c", model=model_id, request_json="{}")
     with freeze_time("2026-01-01 00:00:00"):
         first = new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k", "d"),
                                   idempotency_ttl_ms=1000)
@@ -101,7 +101,7 @@ def test_expired_idempotency_key_creates_a_new_task(db: Database, model_id: str)
 
 
 def test_failed_creation_stores_no_idempotency_record(db: Database, model_id: str) -> None:
-    new = new_tasks.NewTask(client_id="c", model="missing", request_json="{}")
+    new = births.NewTask(client_id="c", model="missing", request_json="{}")
     with pytest.raises(InvalidInput):
         new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("k", "d"))
     with db.read() as conn:
@@ -110,14 +110,14 @@ def test_failed_creation_stores_no_idempotency_record(db: Database, model_id: st
 
 def test_dedupe_key_keeps_one_active_task(db: Database, model_id: str) -> None:
     first = new_task(db, model_id, dedupe_key="nightly")
-    hit = new_tasks.enqueue(db, new_tasks.NewTask(client_id="client-a", model=model_id,
+    hit = new_tasks.enqueue(db, births.NewTask(client_id="client-a", model=model_id,
                                                   request_json="{}", dedupe_key="nightly"))
     assert hit.dedupe_hit and hit.status_code == 200 and hit.task_id == first
 
 
 def test_dedupe_hit_with_idempotency_key_stores_no_record(db: Database, model_id: str) -> None:
     new_task(db, model_id, dedupe_key="nightly")
-    new_tasks.enqueue(db, new_tasks.NewTask(client_id="client-a", model=model_id,
+    new_tasks.enqueue(db, births.NewTask(client_id="client-a", model=model_id,
                                             request_json="{}", dedupe_key="nightly"),
                       idempotency=IdempotencyClaim("k", "d"))
     with db.read() as conn:

@@ -17,7 +17,7 @@ from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict, TooManyRequests
 from core.idempotency import IdempotencyClaim
 from core.settings import Settings
-from core.store import claims, completion, new_tasks, tasks, worker_writes
+from core.store import births, claims, completion, new_tasks, tasks, worker_writes
 from core.store.clients import create_client
 from core.store.connect import create_db_engine
 from core.store.database import Database
@@ -50,7 +50,7 @@ def _claim_and_finish(url: str, start: Any, results: Any) -> None:
 
 
 def _enqueue_many(db: Database, model: str, count: int) -> list[str]:
-    return [new_tasks.enqueue(db, new_tasks.NewTask(client_id="c", model=model,
+    return [new_tasks.enqueue(db, births.NewTask(client_id="c", model=model,
                                                     request_json="{}")).task_id
             for _ in range(count)]
 
@@ -143,7 +143,7 @@ def test_cancel_racing_finish_never_yields_both(
 def _enqueue_with_key(url: str, model: str, start: Any, results: Any) -> None:
     db = _open(url)
     start.wait()
-    new = new_tasks.NewTask(client_id="c", model=model, request_json="{}")
+    new = births.NewTask(client_id="c", model=model, request_json="{}")
     outcome = new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("same-key", "same-digest"))
     results.put((outcome.task_id, outcome.body.decode()))
     db.dispose()
@@ -163,10 +163,10 @@ def test_concurrent_enqueues_with_one_idempotency_key_create_one_task(
 def test_four_processes_claim_every_attempt_once_across_priorities_and_many_clients(
     db: Database, database_url: str, model_id: str
 ) -> None:
-    news = [new_tasks.NewTask(client_id=f"client-{n % 50}", model=model_id,
+    news = [births.NewTask(client_id=f"client-{n % 50}", model=model_id,
                               request_json="{}", priority=n % 10) for n in range(1000)]
     with db.write() as conn:
-        ids = [row.id for row in new_tasks.insert_tasks(db, conn, news, db.clock.now_ms())
+        ids = [row.id for row in births.insert_tasks(db, conn, news, db.clock.now_ms())
                if row is not None]
     taken = [pair for batch in _run([(_claim_and_finish, (database_url,))] * 4) for pair in batch]
     assert sorted(task_id for task_id, _ in taken) == sorted(ids)
@@ -187,7 +187,7 @@ def _enqueue_at_the_edge(url: str, client_id: str, model: str, grouped: bool, st
     """40 requests at a client limited to QUOTA: one by one, or in group commits of 8."""
     db = _open(url)
     start.wait()
-    new = new_tasks.NewTask(client_id=client_id, model=model, request_json="{}",
+    new = births.NewTask(client_id=client_id, model=model, request_json="{}",
                             max_active=QUOTA)
     created = 0
     for _ in range(5 if grouped else 40):

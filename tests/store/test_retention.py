@@ -6,7 +6,7 @@ from freezegun import freeze_time
 from sqlalchemy import Table, func, select
 
 from core.idempotency import IdempotencyClaim
-from core.store import new_tasks, tasks
+from core.store import births, new_tasks, tasks
 from core.store.database import Database
 from core.store.retention import remove_expired
 from core.tables import idempotency_keys, responses, task_events
@@ -58,7 +58,7 @@ def test_a_bounded_pass_says_it_did_not_finish(db: Database, model_id: str) -> N
 
 
 def test_expired_idempotency_keys_are_removed(db: Database, model_id: str) -> None:
-    new = new_tasks.NewTask(client_id="c", model=model_id, request_json="{}")
+    new = births.NewTask(client_id="c", model=model_id, request_json="{}")
     with freeze_time("2026-01-01 00:00:00"):
         new_tasks.enqueue(db, new, idempotency=IdempotencyClaim("old", "d"),
                           idempotency_ttl_ms=HOUR)

@@ -7,8 +7,8 @@ from typing import Any
 
 from core.models_registry import register_upstream
 from core.states import OnRestart
+from core.store.births import NewTask, insert_task
 from core.store.database import Database
-from core.store.new_tasks import NewTask, insert_task
 
 MODEL = "smol"
 COUNTING = "Count from one to twenty in words, separated by commas."
