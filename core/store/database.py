@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from core.store.listener import PgListener
 
 _WRITE_OPTION = "taskward_write"
+_HEARD_AFTER_COMMIT = "taskward_heard_after_commit"  # in `Connection.info`
 WORK_CHANNEL = "taskward_work"  # payload: none; new work is due
 # In-process only; payload: a task id whose event log grew, heard after the commit.
 EVENTS_CHANNEL = "taskward_events"
@@ -45,27 +46,32 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
-        """One write transaction: committed on success, rolled back on any exception."""
+        """One write transaction: committed on success, rolled back on any exception.
+
+        What the transaction announced to this process (`announce_work`,
+        `write_events`) is heard once it HAS committed, and not at all when it fails:
+        not when SQLAlchemy's `commit` event fires, which is before the commit, so a
+        reader woken by it could still see the old rows and go back to sleep."""
+        heard: list[tuple[str, str]] = []
         with (self._writers.turn(),
-              self.engine.connect().execution_options(**{_WRITE_OPTION: True}) as conn,
-              conn.begin()):
-            yield conn
+              self.engine.connect().execution_options(**{_WRITE_OPTION: True}) as conn):
+            conn.info[_HEARD_AFTER_COMMIT] = heard
+            try:
+                with conn.begin():
+                    yield conn
+            finally:
+                del conn.info[_HEARD_AFTER_COMMIT]
+        self._tell(heard)
 
     @contextmanager
     def write_events(self, task_ids: Iterable[str]) -> Iterator[Connection]:
-        """`write` for a transaction that logs events of `task_ids`: once it HAS
-        committed (not when SQLAlchemy's `commit` event fires, which is before the
-        commit, so a reader woken by it could still see the old log and go back to
-        sleep), this process's `EVENTS_CHANNEL` listeners hear each id. The live tail of
-        an API in the same process (`taskward run`) then sends the events at once
-        instead of at its next poll; nothing is heard when the transaction fails."""
+        """`write` for a transaction that logs events of `task_ids`: once it has
+        committed, this process's `EVENTS_CHANNEL` listeners hear each id. The live tail
+        of an API in the same process (`taskward run`) then sends the events at once
+        instead of at its next poll."""
         with self.write() as conn:
             yield conn
-        listeners = self._listeners.get(EVENTS_CHANNEL)
-        if listeners:
-            for task_id in task_ids:
-                for hear in list(listeners):
-                    hear(task_id)
+            _heard_after_commit(conn).extend((EVENTS_CHANNEL, task_id) for task_id in task_ids)
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -124,16 +130,19 @@ class Database:
         SQLite processes without the API in them fall back to short polling."""
         if not self.is_sqlite and not notified:
             conn.execute(_NOTIFY, {"channel": WORK_CHANNEL, "payload": ""})
-        if self._listeners.get(WORK_CHANNEL):
-            event.listen(conn, "commit", lambda _conn: self.announce_committed_work(),
-                         once=True)
+        _heard_after_commit(conn).append((WORK_CHANNEL, ""))
 
     def announce_committed_work(self) -> None:
         """Tell this process's `listen`ers that new work is due, once it is committed
         by a statement that committed by itself (`core.store.driver.autocommit_cursor`),
         whose own `pg_notify` told the other processes."""
-        for hear in list(self._listeners.get(WORK_CHANNEL, ())):
-            hear("")
+        self._tell([(WORK_CHANNEL, "")])
+
+    def _tell(self, heard: Iterable[tuple[str, str]]) -> None:
+        """Call this process's listeners of each `(channel, payload)` announced."""
+        for channel, payload in heard:
+            for hear in list(self._listeners.get(channel, ())):
+                hear(payload)
 
     def listen(self, channel: str, hear: Callable[[str], None]) -> Callable[[], None]:
         """Call `hear(payload)` (cheap, thread-safe) after each announcement on `channel`
@@ -143,6 +152,15 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _heard_after_commit(conn: Connection) -> list[tuple[str, str]]:
+    """What `conn`'s transaction will announce to this process once committed; only
+    `Database.write` transactions announce."""
+    heard: list[tuple[str, str]] | None = conn.info.get(_HEARD_AFTER_COMMIT)
+    if heard is None:
+        raise RuntimeError("announcements are made inside Database.write")
+    return heard
 
 
 def _take_over_sqlite_transactions(engine: Engine) -> None:
