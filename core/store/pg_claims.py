@@ -74,7 +74,12 @@ def _claim_order(row: Row[Any]) -> tuple[Any, ...]:
 # characters and 40 parameters, past the sizes psycopg caches the parsing of, and
 # building its parameters cost more CPU than any other step of a claim. The partial
 # index predicates are the literal terms of `core.tables` (IS_LEASED, IS_IN_LINE,
-# IS_OUTSIDE_LINE).
+# IS_OUTSIDE_LINE). The two UPDATEs find the candidates by primary key and nothing
+# else: the candidates' `FOR UPDATE` locks, taken by this statement with their states
+# rechecked on the newest row versions, already hold those states until the commit.
+# A state term there (`status IN ('running', 'queued')`, as `transitions.move` fences)
+# added nothing but let the planner, with statistics older than the backlog, scan
+# every live task through `ix_tasks_active_status` twice per claim instead.
 _TEMPLATE = """
 WITH /*waiting*/resumable AS (
   SELECT tasks.id FROM tasks JOIN responses ON responses.task_id = tasks.id
@@ -99,8 +104,7 @@ claimed AS (
     error_code = NULL, error_message = NULL,
     snapshot = CASE WHEN status = 'running' THEN snapshot END,
     updated_at = :now, last_seq = last_seq + 1
-  WHERE id = ANY(ARRAY(SELECT id FROM candidates)) AND status IN ('running', 'queued')
-    AND attempts < max_attempts
+  WHERE id = ANY(ARRAY(SELECT id FROM candidates)) AND attempts < max_attempts
   RETURNING id, status, attempts, last_seq, model, request AS request_json,
     snapshot AS snapshot_json, run_at, priority, vtime,
     (SELECT count(*) FROM task_events AS e
@@ -115,8 +119,7 @@ dead AS (
   UPDATE tasks SET status = 'failed', finished_at = :now, owner_token = NULL,
     lease_expires_at = NULL, error_code = :dead_code, error_message = :dead_message,
     dead_lettered = 1, updated_at = :now, last_seq = last_seq + 1
-  WHERE id = ANY(ARRAY(SELECT id FROM candidates)) AND status IN ('running', 'queued')
-    AND attempts >= max_attempts
+  WHERE id = ANY(ARRAY(SELECT id FROM candidates)) AND attempts >= max_attempts
   RETURNING id, last_seq),
 logged AS (
   INSERT INTO task_events (task_id, seq, type, created_at, data)

@@ -55,11 +55,14 @@ def assert_log_sound(db: Database, task_id: str) -> None:
         assert terminal[0] == len(events) - 1
 
 
-def fill_line(db: Database, model: str, *, clients: int, per_client: int) -> None:
+def fill_line(db: Database, model: str, *, clients: int, per_client: int,
+              analyze: bool = True) -> None:
     """`clients × per_client` queued tasks with their response rows and first events,
     in line as interleaved enqueues place them (client k's j-th task in round j),
     written by three set-based INSERTs: a volume set-up for query plans and
-    `bench/fairness.py`, far faster than enqueueing 100,000 tasks one batch at a time."""
+    `bench/fairness.py`, far faster than enqueueing 100,000 tasks one batch at a time.
+    Without `analyze` the planner's statistics are left as they were, older than the
+    backlog, as they are between two runs of autovacuum."""
     total = clients * per_client
     with db.write() as conn:
         now = db.clock.now_ms()
@@ -80,4 +83,5 @@ def fill_line(db: Database, model: str, *, clients: int, per_client: int) -> Non
         conn.execute(text("INSERT INTO task_events (task_id, seq, type, created_at, data) "
                           f"SELECT id, 1, 'response.created', :now, '{{}}' {filled}"),
                      {"now": now})
-        conn.execute(text("ANALYZE" if db.is_sqlite else "ANALYZE tasks"))
+        if analyze:
+            conn.execute(text("ANALYZE" if db.is_sqlite else "ANALYZE tasks"))

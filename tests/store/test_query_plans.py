@@ -188,3 +188,27 @@ def test_the_fair_claim_reads_the_line_in_index_order_with_100000_tasks_of_100_c
         assert touched < 50, plan
     for statement in statements:
         assert full_scans(db, statement) == [], statement[0]
+
+
+def test_the_claim_finds_its_candidates_by_primary_key_with_statistics_older_than_the_backlog(
+    db: Database, model_id: str
+) -> None:
+    new_task(db, model_id)
+    with db.write() as conn:  # statistics of a table holding one live task
+        conn.exec_driver_sql("ANALYZE" if db.is_sqlite else "ANALYZE tasks")
+    fill_line(db, model_id, clients=10, per_client=1000, analyze=False)
+    with captured(db) as statements:
+        taken = claims.claim(db, limit=4, lease_ms=60_000, node_id="n")
+    assert len(taken) == 4
+    moves = [s for s in statements if "UPDATE tasks" in s[0]]
+    assert moves, [s[0] for s in statements]
+    for statement in moves:
+        plan = _line_plan(db, statement)
+        if db.is_sqlite:
+            assert not any("ix_tasks_active_status" in step or step == "SCAN tasks"
+                           for step in plan), plan
+        else:  # each move reads its candidates, not the 10,000 live tasks
+            assert not any("ix_tasks_active_status" in step for step in plan), plan
+            top = next(step for step in plan if "Buffers:" in step)
+            touched = sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", top))
+            assert touched < 200, plan
