@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Row
 from core.engines.base import Usage
 from core.states import Status
 from core.store.database import Database
-from core.store.pg_completion import complete_at_once
+from core.store.pg_completion import complete_alone
 from core.store.transitions import Event, Held, PerRow, insert_events, move
 from core.store.worker_writes import add_outputs, fenced, start_all, terminal_values
 
@@ -55,22 +55,38 @@ def complete_all(db: Database, completions: Sequence[Completion]) -> list[Except
     cancelled changes nothing, and the others still complete. Set-based: one UPDATE for
     the pending starts, one per distinct closing-event count (normally one), ONE events
     insert for all of them (a round trip each on PostgreSQL), one executemany for the
-    output; on PostgreSQL all of that is one statement (`core.store.pg_completion`).
+    output; on PostgreSQL all of that is one statement (`core.store.pg_completion`),
+    its own transaction (a task named twice, which `_rounds` splits, makes two).
     With `start=True` a whole short generation (`loading -> running -> completed`, each
     move with its event) costs no transaction of its own.
     """
     if not completions:
         return []
     failures: dict[int, Exception] = {}
-    with db.write_events([item.task_id for item in completions]) as conn:
-        now = db.clock.now_ms()
+    if db.data_modifying_ctes:
         for batch in _rounds(completions):
-            if db.data_modifying_ctes:
-                moved = complete_at_once(conn, now, list(batch.values()))
-                _fail_unmoved(conn, batch, moved, failures)
-            else:
+            _complete_alone(db, batch, failures)
+    else:
+        with db.write_events([item.task_id for item in completions]) as conn:
+            now = db.clock.now_ms()
+            for batch in _rounds(completions):
                 _complete_batch(conn, now, batch, failures)
     return [failures.get(i) for i in range(len(completions))]
+
+
+def _complete_alone(db: Database, batch: dict[int, Completion],
+                    failures: dict[int, Exception]) -> None:
+    """One round on PostgreSQL: its one statement commits by itself
+    (`core.store.pg_completion.complete_alone`), then this process hears the events.
+    Why a task was not moved is read afterwards, as the separate moves read it (a
+    later statement of READ COMMITTED either way); if that read fails, the round's
+    completions stand and the failure is the group's, as any store error is."""
+    moved = complete_alone(db, list(batch.values()))
+    db.announce_committed_events(c.task_id for c in batch.values())
+    unmoved = {i: c for i, c in batch.items() if c.task_id not in moved}
+    if unmoved:
+        with db.read() as conn:
+            _fail_unmoved(conn, unmoved, moved, failures)
 
 
 def _rounds(completions: Sequence[Completion]) -> Iterator[dict[int, Completion]]:

@@ -138,6 +138,12 @@ class Database:
         whose own `pg_notify` told the other processes."""
         self._tell([(WORK_CHANNEL, "")])
 
+    def announce_committed_events(self, task_ids: Iterable[str]) -> None:
+        """`write_events`' announcement for a statement that committed by itself
+        (`core.store.pg_completion.complete_alone`): this process's `EVENTS_CHANNEL`
+        listeners hear each id."""
+        self._tell([(EVENTS_CHANNEL, task_id) for task_id in task_ids])
+
     def _tell(self, heard: Iterable[tuple[str, str]]) -> None:
         """Call this process's listeners of each `(channel, payload)` announced."""
         for channel, payload in heard:

@@ -12,17 +12,21 @@ implies and append the output of exactly the tasks it moved. A pending start rid
 along as its `response.in_progress` event: the task's row ends `completed` with the
 same columns and the same log as after the two moves. SQLite (no data-modifying
 CTEs, and no round trips) keeps the separate moves.
+
+The statement is the whole transaction, so it commits by itself
+(`core.store.driver.autocommit_cursor`) on the driver's cursor: one round trip, where
+BEGIN and COMMIT around it made three, and none of SQLAlchemy's work per execution.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from typing import Any, Protocol
 
 from sqlalchemy import (
     JSON,
     BigInteger,
-    Connection,
     Integer,
     String,
     Text,
@@ -36,10 +40,13 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.engine import Dialect
 
 from core.engines.base import Usage
 from core.states import Status
 from core.store.bulk import json_rows
+from core.store.database import Database
+from core.store.driver import autocommit_cursor, driver_text
 from core.store.transitions import Event, encoded
 from core.tables import responses, task_events, tasks
 
@@ -66,9 +73,20 @@ _STARTED = Event("response.in_progress")  # `worker_writes.start_all`'s event
 _COMPLETED = Event("response.completed")
 
 
-def complete_at_once(conn: Connection, now: int, completions: Sequence[Ending]) -> set[str]:
-    """Complete `completions` (each task named once); the ids of the tasks moved. A
-    task not moved (its lease lost, a cancel requested) got no event and no output."""
+def complete_alone(db: Database, completions: Sequence[Ending]) -> set[str]:
+    """Complete `completions` (each task named once) in a transaction of their own,
+    committed when this returns; the ids of the tasks moved. A task not moved (its
+    lease lost, a cancel requested) got no event and no output."""
+    sql, constants = _driver_statement(db.engine.dialect)
+    with autocommit_cursor(db.engine) as cursor:
+        cursor.execute(sql, {**constants, "p_now": db.clock.now_ms(),
+                             "p_done": _done(completions)})
+        [moved] = cursor.fetchone()
+    return set(moved or ())
+
+
+def _done(completions: Sequence[Ending]) -> str:
+    """The `p_done` parameter: each completion with its events as `[type, data]`."""
     done = []
     for c in completions:
         logged = [*([_STARTED] if c.start else []), *c.closing, _COMPLETED]
@@ -77,8 +95,7 @@ def complete_at_once(conn: Connection, now: int, completions: Sequence[Ending]) 
                      "text": c.text, "input_tokens": c.usage.input_tokens,
                      "output_tokens": c.usage.output_tokens,
                      "events": [[e.type, e.data] for e in logged]})
-    moved = conn.execute(_COMPLETE, {"p_now": now, "p_done": encoded(done)}).scalar_one()
-    return set(moved or ())
+    return encoded(done)
 
 
 def _statement() -> Any:
@@ -128,3 +145,8 @@ def _statement() -> Any:
 
 
 _COMPLETE = _statement()
+
+
+@cache
+def _driver_statement(dialect: Dialect) -> tuple[str, dict[str, Any]]:
+    return driver_text(_COMPLETE, dialect, {"p_now": 0, "p_done": "[]"})

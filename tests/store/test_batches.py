@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from sqlalchemy import event, select
@@ -13,8 +14,8 @@ from sqlalchemy import event, select
 from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
 from core.states import Status
-from core.store import claims, completion, tasks, worker_writes
-from core.store.database import Database
+from core.store import claims, completion, driver, pg_completion, tasks, worker_writes
+from core.store.database import EVENTS_CHANNEL, Database
 from core.store.transitions import Add, Event, Held, IfNull, Locked, move
 from core.tables import responses
 from core.tables import tasks as tasks_table
@@ -49,12 +50,31 @@ def output_of(db: Database, task_id: str) -> str:
 
 
 @contextmanager
-def counting_commits(db: Database) -> Iterator[list[int]]:
+def counting_commits(db: Database, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The transactions committed meanwhile: SQLAlchemy's commits and the statements
+    that commit by themselves on an autocommit cursor (PostgreSQL's completion)."""
     commits: list[int] = []
 
     def count(_conn: object) -> None:
         commits.append(1)
 
+    class Counted:
+        def __init__(self, cursor: Any) -> None:
+            self._cursor = cursor
+
+        def execute(self, *args: Any) -> Any:
+            commits.append(1)
+            return self._cursor.execute(*args)
+
+        def fetchone(self) -> Any:
+            return self._cursor.fetchone()
+
+    @contextmanager
+    def counted(engine: Any) -> Iterator[Any]:
+        with driver.autocommit_cursor(engine) as cursor:
+            yield Counted(cursor)
+
+    monkeypatch.setattr(pg_completion, "autocommit_cursor", counted)
     event.listen(db.engine, "commit", count)
     try:
         yield commits
@@ -65,11 +85,11 @@ def counting_commits(db: Database) -> Iterator[list[int]]:
 # --- complete_all ---------------------------------------------------------------------------
 
 def test_complete_all_finishes_many_short_tasks_in_one_transaction(
-    db: Database, model_id: str
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = [new_task(db, model_id) for _ in range(5)]
     batch = claims.claim(db, limit=5, lease_ms=LEASE, node_id="n")
-    with counting_commits(db) as commits:
+    with counting_commits(db, monkeypatch) as commits:
         outcomes = completion.complete_all(
             db, [completion_of(c, f"t{i} ") for i, c in enumerate(batch)])
     assert outcomes == [None] * 5
@@ -82,6 +102,32 @@ def test_complete_all_finishes_many_short_tasks_in_one_transaction(
             "response.output_text.delta", "response.output_text.done", "response.completed"]
         assert output_of(db, task_id) == f"t{i} "
         assert_log_sound(db, task_id)
+
+
+def test_complete_all_is_committed_when_this_process_hears_its_events(
+    db: Database, model_id: str
+) -> None:
+    # On PostgreSQL the completion's statement commits by itself (an autocommit cursor):
+    # its events are still heard only once committed, and the connection goes back to
+    # the pool as it came.
+    for _ in range(3):
+        new_task(db, model_id)
+    batch = claims.claim(db, limit=3, lease_ms=LEASE, node_id="n")
+    seen: list[tuple[str, str]] = []
+
+    def hear(task_id: str) -> None:  # read on another connection: already committed
+        seen.append((task_id, task_row(db, task_id).status))
+
+    stop = db.listen(EVENTS_CHANNEL, hear)
+    try:
+        assert completion.complete_all(db, [completion_of(c) for c in batch]) == [None] * 3
+    finally:
+        stop()
+    assert seen == [(c.task_id, "completed") for c in batch]
+    if not db.is_sqlite:
+        with db.engine.connect() as conn:
+            driver_connection = conn.connection.driver_connection
+            assert driver_connection.autocommit is False  # type: ignore[union-attr]
 
 
 def test_complete_all_fences_each_task_on_its_own(db: Database, model_id: str) -> None:
