@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, Row, bindparam, func, select, update
 
@@ -24,6 +25,15 @@ from core.store.line import place_due
 from core.store.models import ModelEntry, entries
 from core.store.transitions import Add, Event, Held, IfNull, Locked, PerRow, move
 from core.tables import IS_IN_LINE, IS_LEASED, responses, task_events, tasks
+
+# Whether the last claim through a `Database` found upstream models registered (before
+# the first: assumed so). While none are (or no upstream slot is free), a claim on
+# PostgreSQL is the local pool's one statement, committing by itself
+# (`core.store.pg_claims.claim_alone`); while some are, it is a transaction, so the
+# upstream pool is claimed in the same commit as the local one and nothing claimed can
+# be left behind by a later statement's failure. A model registered as upstream
+# meanwhile is claimed for by the next claim, or by this one if it took no local task.
+_UPSTREAM_MODELS: WeakKeyDictionary[Database, bool] = WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -58,11 +68,23 @@ def claim(
     A task whose attempts are spent is dead-lettered here instead of being claimed.
     Every statement is built once: a claim runs for every few tasks a worker executes.
     On PostgreSQL the local pool is claimed in one statement (`core.store.pg_claims`),
-    and the upstream pool, only when upstream models exist, by the statements below.
+    and the upstream pool, only when upstream models exist, by the statements below;
+    while none exist, that one statement is the whole transaction (`_UPSTREAM_MODELS`).
     Each claim carries its model's registry entry, read in this transaction.
     """
     if limit <= 0 and upstream_limit <= 0:
         return []
+    if db.data_modifying_ctes and not (_UPSTREAM_MODELS.get(db, True) and upstream_limit > 0):
+        # The local pool in one statement that is its own transaction. When a waiting
+        # task is due it claimed nothing, and the claim below places it first; when it
+        # claimed nothing and found upstream models, the claim below takes their tasks.
+        now, owner = db.clock.now_ms(), new_owner_token()
+        rows, waiting, upstream_models = pg_claims.claim_alone(
+            db, now=now, limit=max(limit, 0), owner=owner, lease_until=now + lease_ms,
+            node_id=node_id)
+        _UPSTREAM_MODELS[db] = upstream_models
+        if not waiting and (rows or not (upstream_models and upstream_limit > 0)):
+            return _local(rows, owner)
     with db.write() as conn:
         now = db.clock.now_ms()
         owner = new_owner_token()
@@ -75,9 +97,8 @@ def claim(
             rows, upstream_models = pg_claims.claim_local(
                 conn, now=now, limit=max(limit, 0), owner=owner, lease_until=now + lease_ms,
                 node_id=node_id)
-            brought = pg_claims.model_entries(rows)
-            local = [_claim(row, row.attempts, owner, False, brought[row.model])
-                     for row in rows]
+            _UPSTREAM_MODELS[db] = upstream_models
+            local = _local(rows, owner)
             limits = capacity.upstream_limits(conn) if upstream_models and upstream_limit > 0 \
                 else {}
         else:
@@ -106,6 +127,13 @@ def claim(
         found = entries(conn, (candidate.model for _, candidate in taken))
         return local + [_claim(candidate, row.attempts, owner, candidate.model in limits,
                                found.get(candidate.model)) for row, candidate in taken]
+
+
+def _local(rows: list[Any], owner: str) -> list[Claim]:
+    """The claims of the local pool's rows (`core.store.pg_claims`), each with its
+    model's registry entry brought along."""
+    brought = pg_claims.model_entries(rows)
+    return [_claim(row, row.attempts, owner, False, brought[row.model]) for row in rows]
 
 
 def _due(
@@ -202,7 +230,7 @@ def _take(
 
 
 def _claim(
-    candidate: Row[Any], attempt: int, owner: str, upstream: bool, entry: ModelEntry | None
+    candidate: Any, attempt: int, owner: str, upstream: bool, entry: ModelEntry | None
 ) -> Claim:
     resumed = candidate.status == Status.RUNNING
     return Claim(task_id=candidate.id, owner_token=owner, attempt=attempt, resumed=resumed,

@@ -16,15 +16,25 @@ reads their limits (and claims their pool, `core.store.capacity`) only then.
 Each claimed row also brings its model's registry entry (a join by primary key), so
 the model check at the task's start reads nothing in a transaction of its own.
 SQLite (no data-modifying CTEs, and no round trips) keeps the separate statements.
+
+When that one statement is the whole claim, as it nearly always is (no waiting task
+due, no upstream model to claim for), it is its own transaction (`claim_alone`): it
+commits by itself on the driver's cursor (`core.store.driver.autocommit_cursor`), one
+round trip where BEGIN and COMMIT around it made three, and none of SQLAlchemy's work.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
+from psycopg.rows import namedtuple_row
 from sqlalchemy import BigInteger, Connection, Integer, Row, String, Text, bindparam, text
+from sqlalchemy.engine import Dialect
 
 from core.states import DEAD_LETTER_ERROR, Status
+from core.store.database import Database
+from core.store.driver import autocommit_cursor, driver_text
 from core.store.line import place_due
 from core.store.models import ENTRY_COLUMNS, ModelEntry
 from core.store.transitions import encoded
@@ -52,7 +62,24 @@ def claim_local(
     return taken, bool(rows[0].upstream_models)
 
 
-def model_entries(rows: list[Row[Any]]) -> dict[str, ModelEntry | None]:
+def claim_alone(
+    db: Database, *, now: int, limit: int, owner: str, lease_until: int, node_id: str
+) -> tuple[list[Any], bool, bool]:
+    """`claim_local`'s first statement as a transaction of its own, committed when this
+    returns: (the rows claimed, whether a waiting task is due, whether any upstream
+    model exists). When a waiting task is due it claimed nothing: the caller claims in
+    a transaction (`claim_local`), which places the waiting tasks first."""
+    sql, constants = _driver_statement(db.engine.dialect)
+    with autocommit_cursor(db.engine) as cursor:
+        cursor.row_factory = namedtuple_row
+        cursor.execute(sql, {**constants, "now": now, "limit": limit, "owner": owner,
+                             "lease": lease_until, "node": node_id, **_DEAD})
+        rows = cursor.fetchall()
+    taken = sorted((row for row in rows if row.id is not None), key=_claim_order)
+    return taken, bool(rows[0].waiting), bool(rows[0].upstream_models)
+
+
+def model_entries(rows: list[Any]) -> dict[str, ModelEntry | None]:
     """The registry entries the claimed rows brought along, by model id (None: the
     model is gone); each is taken from the first row of its model."""
     found: dict[str, ModelEntry | None] = {}
@@ -63,7 +90,7 @@ def model_entries(rows: list[Row[Any]]) -> dict[str, ModelEntry | None]:
     return found
 
 
-def _claim_order(row: Row[Any]) -> tuple[Any, ...]:
+def _claim_order(row: Any) -> tuple[Any, ...]:
     """Resumable tasks first, oldest first; then the fair line's order."""
     if row.status == Status.RUNNING:
         return (0, row.run_at, 0, row.id)
@@ -167,5 +194,12 @@ def _variant(gated: bool) -> Any:
 
 
 _CLAIM = {gated: _variant(gated) for gated in (True, False)}
+
+
+@cache
+def _driver_statement(dialect: Dialect) -> tuple[str, dict[str, Any]]:
+    """The gated claim as the driver runs it (`claim_alone`)."""
+    return driver_text(_CLAIM[True], dialect, {name: None for name in _PARAMETERS})
+_PARAMETERS = ("now", "limit", "owner", "lease", "node", "dead_code", "dead_message", "dead_data")
 _DEAD = {"dead_code": DEAD_LETTER_ERROR["code"], "dead_message": DEAD_LETTER_ERROR["message"],
          "dead_data": encoded({"error": DEAD_LETTER_ERROR, "dead_lettered": True})}

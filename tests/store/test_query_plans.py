@@ -12,12 +12,13 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 import pytest
 from sqlalchemy import event
 
 from core.states import ACTIVE, LEASED, TERMINAL, Status
-from core.store import claims
+from core.store import claims, driver, pg_claims
 from core.store.database import Database
 from core.store.finished_per_minute import finished_per_minute
 from core.store.queue_stats import queue_stats
@@ -32,7 +33,8 @@ Statement = tuple[str, Any]
 
 @contextmanager
 def captured(db: Database) -> Iterator[list[Statement]]:
-    """Every single-row-parameter statement on `tasks` run meanwhile."""
+    """Every single-row-parameter statement on `tasks` run meanwhile, through
+    SQLAlchemy or on an autocommit driver cursor (`core.store.pg_claims.claim_alone`)."""
     seen: list[Statement] = []
 
     def record(_conn: Any, _cursor: Any, sql: str, params: Any, _ctx: Any, many: bool) -> None:
@@ -40,9 +42,32 @@ def captured(db: Database) -> Iterator[list[Statement]]:
         if reads_tasks and not many:
             seen.append((sql, params))
 
+    class Recorded:
+        def __init__(self, cursor: Any) -> None:
+            self._cursor = cursor
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._cursor, name)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name == "_cursor":
+                object.__setattr__(self, name, value)
+            else:
+                setattr(self._cursor, name, value)
+
+        def execute(self, sql: str, params: Any) -> Any:
+            record(None, None, sql, params, None, False)
+            return self._cursor.execute(sql, params)
+
+    @contextmanager
+    def recording(engine: Any) -> Iterator[Any]:
+        with driver.autocommit_cursor(engine) as cursor:
+            yield Recorded(cursor)
+
     event.listen(db.engine, "before_cursor_execute", record)
     try:
-        yield seen
+        with mock.patch.object(pg_claims, "autocommit_cursor", recording):
+            yield seen
     finally:
         event.remove(db.engine, "before_cursor_execute", record)
 

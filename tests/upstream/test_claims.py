@@ -15,6 +15,7 @@ from core.store import claims, worker_writes
 from core.store.database import Database
 from core.store.models import read_entries, remove
 from infra.app import serving_app
+from tests.store.helpers import event_types, task_row
 from tests.upstream.helpers import add_upstream, enqueue
 
 LEASE_MS = 60_000
@@ -112,3 +113,47 @@ def test_metrics_show_an_upstream_models_attempts_in_flight(
         metrics = client.get("/metrics").text
 
     assert f'taskward_upstream_in_flight{{model="{model}"}} 2.0' in metrics
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_while_no_upstream_model_exists_a_claim_is_one_statement_committing_by_itself(
+    db: Database, model_id: str
+) -> None:
+    enqueue(db, 3, model=model_id)
+    assert len(claim(db, local=1, upstream=8)) == 1  # the first claim finds none exist
+    transactions: list[str] = []
+
+    def count(_conn: Any) -> None:
+        transactions.append("begin")
+
+    event.listen(db.engine, "begin", count)
+    try:
+        [taken] = claim(db, local=1, upstream=8)
+    finally:
+        event.remove(db.engine, "begin", count)
+    assert transactions == []
+    row = task_row(db, taken.task_id)  # read on another connection: committed
+    assert (row.status, row.owner_token, row.attempts) == ("loading", taken.owner_token, 1)
+    assert event_types(db, taken.task_id) == ["response.created", "response.loading"]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_model_registered_as_upstream_meanwhile_has_its_tasks_claimed_from_the_next_claim(
+    db: Database, model_id: str
+) -> None:
+    enqueue(db, 2, model=model_id)
+    assert len(claim(db, local=1, upstream=8)) == 1  # no upstream model yet
+    upstream_model = add_upstream(db, ["http://127.0.0.1:9/v1"], max_concurrency=8)
+    enqueue(db, 2, model=upstream_model)
+    local = claim(db, local=5, upstream=5)  # it committed its local task, then learnt
+    assert [(c.model, c.upstream) for c in local] == [(model_id, False)]
+    later = claim(db, local=5, upstream=5)
+    assert [(c.model, c.upstream) for c in later] == [(upstream_model, True)] * 2
+    remove(db, upstream_model)
+    enqueue(db, 1, model=model_id)
+    assert len(claim(db, local=5, upstream=5)) == 1  # a transaction, which finds none
+    add_upstream(db, ["http://127.0.0.1:9/v1"], max_concurrency=8)
+    enqueue(db, 1, model=upstream_model)
+    # No local task to claim: the same claim goes on to the upstream model's.
+    assert [(c.model, c.upstream) for c in claim(db, local=5, upstream=5)] == [
+        (upstream_model, True)]
