@@ -3,7 +3,7 @@
 `core.store.completion` on its own sends the pending `loading -> running` UPDATE, the
 `running -> completed` UPDATE, the events INSERT and the output executemany: four
 round trips besides BEGIN and COMMIT per group commit. Here the completions travel as
-one JSON parameter, each with its events as `[type, data]` pairs (encoding each
+one JSON parameter and their events as another, encoded once each (encoding each
 event's data apart and then the rows again was most of this module's CPU); one
 UPDATE fences each task on its own (`(id, owner_token, expected state)`, as
 `transitions.Held` does), bumps `last_seq` by the task's own number of events under
@@ -25,18 +25,14 @@ from functools import cache
 from typing import Any, Protocol
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Integer,
     String,
     Text,
     bindparam,
-    cast,
     func,
     insert,
-    literal_column,
     select,
-    true,
     tuple_,
     update,
 )
@@ -79,23 +75,26 @@ def complete_alone(db: Database, completions: Sequence[Ending]) -> set[str]:
     lease lost, a cancel requested) got no event and no output."""
     sql, constants = _driver_statement(db.engine.dialect)
     with autocommit_cursor(db.engine) as cursor:
-        cursor.execute(sql, {**constants, "p_now": db.clock.now_ms(),
-                             "p_done": _done(completions)})
+        done, events = _parameters(completions)
+        cursor.execute(sql, {**constants, "p_now": db.clock.now_ms(), "p_done": done,
+                             "p_events": events})
         [moved] = cursor.fetchone()
     return set(moved or ())
 
 
-def _done(completions: Sequence[Ending]) -> str:
-    """The `p_done` parameter: each completion with its events as `[type, data]`."""
-    done = []
+def _parameters(completions: Sequence[Ending]) -> tuple[str, str]:
+    """The `p_done` parameter (each completion, with its number of events) and the
+    `p_events` one (every event, `k`: its place among its task's)."""
+    done, events = [], []
     for c in completions:
         logged = [*([_STARTED] if c.start else []), *c.closing, _COMPLETED]
         done.append({"id": c.task_id, "owner": c.owner, "n": len(logged),
                      "expected": (Status.LOADING if c.start else Status.RUNNING).value,
                      "text": c.text, "input_tokens": c.usage.input_tokens,
-                     "output_tokens": c.usage.output_tokens,
-                     "events": [[e.type, e.data] for e in logged]})
-    return encoded(done)
+                     "output_tokens": c.usage.output_tokens})
+        events += [{"id": c.task_id, "k": k, "type": e.type, "data": e.data}
+                   for k, e in enumerate(logged, 1)]
+    return encoded(done), encoded(events)
 
 
 def _statement() -> Any:
@@ -103,7 +102,6 @@ def _statement() -> Any:
     given = select(*json_rows("postgresql", "p_done", [
         ("id", String()), ("owner", String()), ("expected", String()), ("n", Integer()),
         ("text", Text()), ("input_tokens", Integer()), ("output_tokens", Integer()),
-        ("events", JSON()),
     ]).c).cte("given")
 
     def of_task(column: Any, task_id: Any) -> Any:
@@ -120,17 +118,20 @@ def _statement() -> Any:
                 updated_at=now, finished_at=now, owner_token=None, lease_expires_at=None)
         .returning(tasks.c.id, tasks.c.last_seq)
         .cte("done"))
-    # A task's events as `[type, data]` pairs: the last one is numbered `last_seq`. A
-    # `json` value keeps its text as sent, so `data` is stored as `encoded` wrote it.
-    event = (func.json_array_elements(given.c.events)
-             .table_valued("value", with_ordinality="ordinality").lateral("event"))
+    # Every event of the batch, read from its parameter in one pass (nested in `p_done`
+    # and taken apart with `->` and `->>`, each event's text was parsed five times); a
+    # task's last event is numbered `last_seq`. An object read into a `text` column is
+    # its text as sent, not parsed again (a `json` column would validate it anew), so
+    # `data` is stored as `encoded` wrote it.
+    event = json_rows("postgresql", "p_events", [
+        ("id", String()), ("k", Integer()), ("type", String()), ("data", Text())])
     logged = insert(task_events).from_select(
         [task_events.c.task_id, task_events.c.seq, task_events.c.type,
          task_events.c.created_at, task_events.c.data],
-        select(done.c.id, done.c.last_seq - given.c.n + event.c.ordinality,
-               event.c.value.op("->>")(literal_column("0")), now,
-               cast(event.c.value.op("->")(literal_column("1")), Text))
-        .select_from(done.join(given, given.c.id == done.c.id).join(event, true()))
+        select(done.c.id, done.c.last_seq - given.c.n + event.c.k, event.c.type, now,
+               event.c.data)
+        .select_from(done.join(given, given.c.id == done.c.id)
+                     .join(event, event.c.id == done.c.id))
     ).cte("logged")
     # `worker_writes.add_outputs`: the last text appended, the final usage set.
     task_id = responses.c.task_id
@@ -149,4 +150,4 @@ _COMPLETE = _statement()
 
 @cache
 def _driver_statement(dialect: Dialect) -> tuple[str, dict[str, Any]]:
-    return driver_text(_COMPLETE, dialect, {"p_now": 0, "p_done": "[]"})
+    return driver_text(_COMPLETE, dialect, {"p_now": 0, "p_done": "[]", "p_events": "[]"})
