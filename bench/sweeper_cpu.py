@@ -53,7 +53,7 @@ def server_cpu(database: str) -> dict[int, float]:
 
 
 def measure(settings: Settings, sweepers: int, count: int, slots: int,
-            logs: Path) -> tuple[float, float, float]:
+            logs: Path, *, analyze: bool = False) -> tuple[float, float, float]:
     """(CPU ms per task of all sweepers together, of their database backends (0 on
     SQLite), tasks per second)."""
     env = environment(settings, worker_concurrency=slots)
@@ -72,7 +72,7 @@ def measure(settings: Settings, sweepers: int, count: int, slots: int,
                     text("SELECT pg_backend_pid()")).scalar()
             before = sum(cpu_seconds(child.process.pid) for child in children)
             served = {} if settings.is_sqlite else server_cpu(name)
-            start = enqueue_at_once(db, count)
+            start = enqueue_at_once(db, count, analyze=analyze)
             wait_until(lambda: completed(db) >= count, timeout=900, what="all completed")
             wall = time.perf_counter() - start
             after = sum(cpu_seconds(child.process.pid) for child in children)
@@ -89,6 +89,9 @@ def main() -> None:
     parser.add_argument("--sweepers", type=int, default=2)
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--stores", default="postgresql,sqlite")
+    parser.add_argument("--analyze", action="store_true",
+                        help="take the planner's statistics of the backlog in its enqueue's "
+                             "transaction, as bench.peers' drain does")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="taskward-cpu-") as tmp:
         for kind in args.stores.split(","):
@@ -96,7 +99,7 @@ def main() -> None:
             logs.mkdir()
             with store(kind, Path(tmp)) as settings:
                 cpu_ms, server_ms, rate = measure(settings, args.sweepers, args.tasks,
-                                                  args.slots, logs)
+                                                  args.slots, logs, analyze=args.analyze)
             print(f"{kind:10} {args.sweepers} sweeper(s) x {args.slots} slots: "
                   f"{cpu_ms:.3f} CPU-ms per task in the sweepers, {server_ms:.3f} in the "
                   f"database server, {rate:.0f} tasks/s (wall, noisy)", flush=True)

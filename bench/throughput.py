@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 import tests.engines  # noqa: F401  registers the `test.words` engine its model names
 from bench.peer_systems import processes
@@ -74,14 +74,18 @@ def store(kind: str, workdir: Path, **overrides: Any) -> Iterator[Settings]:
             context.__exit__(None, None, None)
 
 
-def enqueue_at_once(db: Database, count: int) -> float:
-    """Commit `count` no-op tasks in one transaction; returns the commit's end time."""
+def enqueue_at_once(db: Database, count: int, *, analyze: bool = False) -> float:
+    """Commit `count` no-op tasks in one transaction; returns the commit's end time.
+    `analyze`: the planner's statistics are taken of them in that transaction (as
+    `bench/peers.py` does before its drain), else they are as old as before."""
     request = json.dumps({"model": MODEL, "input": "words=1"})
     with db.write() as conn:
         now = db.clock.now_ms()
         for _ in range(count):
             new = NewTask(client_id="bench", model=MODEL, request_json=request)
             insert_task(db, conn, new, now)
+        if analyze:
+            conn.execute(text("ANALYZE"))
         db.announce_work(conn)
     return time.perf_counter()
 
