@@ -106,10 +106,16 @@ def _claim_order(row: Any) -> tuple[Any, ...]:
 # rechecked on the newest row versions, already hold those states until the commit.
 # A state term there (`status IN ('running', 'queued')`, as `transitions.move` fences)
 # added nothing but let the planner, with statistics older than the backlog, scan
-# every live task through `ix_tasks_active_status` twice per claim instead.
+# every live task through `ix_tasks_active_status` twice per claim instead. Each
+# UPDATE looks up only the candidates it may move (`fresh`: attempts left, read from
+# the locked rows), and the output reset only those of a task that ever started (an
+# attempt writes output only once claimed, and `started_at` is never cleared; a first
+# attempt's response is as it was born): a claim of new tasks then reads no task
+# twice and no response.
 _TEMPLATE = """
 WITH /*waiting*/resumable AS (
-  SELECT tasks.id FROM tasks JOIN responses ON responses.task_id = tasks.id
+  SELECT tasks.id, tasks.attempts < tasks.max_attempts AS fresh, tasks.started_at
+  FROM tasks JOIN responses ON responses.task_id = tasks.id
   WHERE status IN ('loading', 'running', 'cancelling') AND tasks.status = 'running'
     AND tasks.on_restart = 'resume'
     AND (tasks.lease_expires_at IS NULL OR tasks.lease_expires_at <= :now)
@@ -117,12 +123,12 @@ WITH /*waiting*/resumable AS (
   ORDER BY tasks.run_at, tasks.id
   LIMIT :limit FOR UPDATE OF tasks SKIP LOCKED),
 queued AS (
-  SELECT tasks.id FROM tasks
+  SELECT tasks.id, tasks.attempts < tasks.max_attempts AS fresh, tasks.started_at FROM tasks
   WHERE status = 'queued' AND vtime IS NOT NULL AND tasks.run_at <= :now
     AND tasks.model NOT IN (SELECT id FROM models WHERE max_concurrency IS NOT NULL)/*gate*/
   ORDER BY tasks.priority, tasks.vtime, tasks.id
   LIMIT :limit - (SELECT count(*) FROM resumable) FOR UPDATE OF tasks SKIP LOCKED),
-candidates AS (SELECT id FROM resumable UNION ALL SELECT id FROM queued),
+candidates AS (SELECT * FROM resumable UNION ALL SELECT * FROM queued),
 claimed AS (
   UPDATE tasks SET
     status = CASE WHEN status = 'running' THEN 'running' ELSE 'loading' END,
@@ -131,7 +137,7 @@ claimed AS (
     error_code = NULL, error_message = NULL,
     snapshot = CASE WHEN status = 'running' THEN snapshot END,
     updated_at = :now, last_seq = last_seq + 1
-  WHERE id = ANY(ARRAY(SELECT id FROM candidates)) AND attempts < max_attempts
+  WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE fresh)) AND attempts < max_attempts
   RETURNING id, status, attempts, last_seq, model, request AS request_json,
     snapshot AS snapshot_json, run_at, priority, vtime,
     (SELECT count(*) FROM task_events AS e
@@ -146,7 +152,8 @@ dead AS (
   UPDATE tasks SET status = 'failed', finished_at = :now, owner_token = NULL,
     lease_expires_at = NULL, error_code = :dead_code, error_message = :dead_message,
     dead_lettered = 1, updated_at = :now, last_seq = last_seq + 1
-  WHERE id = ANY(ARRAY(SELECT id FROM candidates)) AND attempts >= max_attempts
+  WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE NOT fresh))
+    AND attempts >= max_attempts
   RETURNING id, last_seq),
 logged AS (
   INSERT INTO task_events (task_id, seq, type, created_at, data)
@@ -157,7 +164,8 @@ logged AS (
   UNION ALL SELECT id, last_seq, 'response.failed', :now, :dead_data FROM dead),
 reset AS (
   UPDATE responses SET output_text = '', input_tokens = 0, output_tokens = 0, updated_at = :now
-  WHERE task_id = ANY(ARRAY(SELECT id FROM claimed WHERE status = 'loading'))
+  WHERE task_id = ANY(ARRAY(SELECT id FROM claimed WHERE status = 'loading'
+                            AND id IN (SELECT id FROM candidates WHERE started_at IS NOT NULL)))
     AND (output_text <> '' OR input_tokens <> 0 OR output_tokens <> 0))
 SELECT flag.upstream_models, flag.waiting, claimed.*, /*entry*/
 FROM (SELECT EXISTS (SELECT FROM models WHERE max_concurrency IS NOT NULL) AS upstream_models,
