@@ -8,7 +8,9 @@ PostgreSQL. Every statement is counted (SQLAlchemy `before_cursor_execute`) unde
 store operation that sent it (claim, start, flush, completion; the model check reads
 nothing of its own: its entry comes with the claim), and so
 are the transactions; on PostgreSQL psycopg sends BEGIN and COMMIT as round trips of
-their own, so round trips = statements + 2 per transaction there. The CPU figure is
+their own, so round trips = statements + 2 per transaction there. A statement that
+commits by itself on a driver cursor (PostgreSQL's claim and completion) is counted
+as a statement and no transaction: one round trip. The CPU figure is
 this process's CPU time during the pass (all its threads) per task: unlike wall time
 it hardly depends on what else runs on the machine. `--lone N` runs N passes of one
 task each instead: a lone task's life (its claim, the claims that find nothing
@@ -34,10 +36,11 @@ from sqlalchemy import event
 import tests.engines  # noqa: F401  registers the `test.words` engine its model names
 from bench.throughput import MODEL, store
 from core.settings import Settings
-from core.store import claims, completion, worker_writes
+from core.store import claims, completion, pg_claims, pg_completion, worker_writes
 from core.store.births import NewTask, insert_task
 from core.store.connect import create_db_engine
 from core.store.database import Database
+from core.store.driver import autocommit_cursor
 from scheduler.claiming import execute_due
 
 _SET_UP = "set-up"  # the tasks' enqueue, left out of the figures
@@ -71,6 +74,44 @@ def _phases() -> Iterator[None]:
             setattr(module, name, function)
 
 
+class _Counted:
+    """A driver cursor whose every `execute` is counted as a statement first."""
+
+    def __init__(self, cursor: Any, count: Callable[..., None]) -> None:
+        self.__dict__.update(_cursor=cursor, _count=count)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._cursor, name, value)
+
+    def execute(self, *args: Any) -> Any:
+        self._count()
+        return self._cursor.execute(*args)
+
+
+@contextmanager
+def _autocommit_counted(count: Callable[..., None]) -> Iterator[None]:
+    """Count the statements that commit by themselves on a driver cursor
+    (`core.store.driver.autocommit_cursor`), which SQLAlchemy's events do not see: one
+    round trip each, no BEGIN or COMMIT."""
+    users = [pg_claims, pg_completion]
+
+    @contextmanager
+    def counted(engine: Any) -> Iterator[Any]:
+        with autocommit_cursor(engine) as cursor:
+            yield _Counted(cursor, count)
+
+    for module in users:
+        module.autocommit_cursor = counted  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for module in users:
+            module.autocommit_cursor = autocommit_cursor  # type: ignore[attr-defined]
+
+
 def measure(settings: Settings, count: int, passes: int = 1) -> dict[str, Any]:
     """Figures of `passes` passes over `count` tasks each."""
     db = Database(create_db_engine(settings))
@@ -90,7 +131,7 @@ def measure(settings: Settings, count: int, passes: int = 1) -> dict[str, Any]:
     try:
         for _ in range(passes):
             _tagged(_SET_UP, _enqueue)(db, count)
-            with _phases():
+            with _phases(), _autocommit_counted(counted):
                 cpu, wall = cpu - time.process_time(), wall - time.perf_counter()
                 completed += execute_due(db, settings, stop=threading.Event())["completed"]
                 cpu, wall = cpu + time.process_time(), wall + time.perf_counter()
