@@ -28,7 +28,6 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from psycopg.rows import namedtuple_row
 from sqlalchemy import BigInteger, Connection, Integer, Row, String, Text, bindparam, text
 from sqlalchemy.engine import Dialect
 
@@ -69,6 +68,8 @@ def claim_alone(
     returns: (the rows claimed, whether a waiting task is due, whether any upstream
     model exists). When a waiting task is due it claimed nothing: the caller claims in
     a transaction (`claim_local`), which places the waiting tasks first."""
+    from psycopg.rows import namedtuple_row  # here: SQLite processes never load psycopg
+
     sql, constants = _driver_statement(db.engine.dialect)
     with autocommit_cursor(db.engine) as cursor:
         cursor.row_factory = namedtuple_row

@@ -9,6 +9,8 @@ only whether a task holds one is compared; ids are compared by their role.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -147,3 +149,13 @@ def test_the_one_statements_are_short_enough_for_psycopg_to_cache_their_parsing(
     dialect = postgresql.psycopg.dialect()
     for statement in [*_CLAIM.values(), _COMPLETE]:
         assert len(str(statement.compile(dialect=dialect))) <= MAX_CACHED_STATEMENT_LENGTH
+
+
+def test_the_one_statement_modules_leave_psycopg_unloaded_in_a_sqlite_process() -> None:
+    """They run on psycopg's cursors, but a SQLite sweeper imports them too: loading
+    psycopg there would only lengthen its start-up."""
+    code = ("import sys, core.store.claims, core.store.completion, scheduler.loop; "
+            "print('psycopg' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.strip() == "False"
