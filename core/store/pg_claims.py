@@ -205,10 +205,14 @@ def _variant(gated: bool) -> Any:
 _CLAIM = {gated: _variant(gated) for gated in (True, False)}
 
 
+_PARAMETERS = ("now", "limit", "owner", "lease", "node", "dead_code", "dead_message", "dead_data")
+
+
 @cache
 def _driver_statement(dialect: Dialect) -> tuple[str, dict[str, Any]]:
     """The gated claim as the driver runs it (`claim_alone`)."""
     return driver_text(_CLAIM[True], dialect, {name: None for name in _PARAMETERS})
-_PARAMETERS = ("now", "limit", "owner", "lease", "node", "dead_code", "dead_message", "dead_data")
+
+
 _DEAD = {"dead_code": DEAD_LETTER_ERROR["code"], "dead_message": DEAD_LETTER_ERROR["message"],
          "dead_data": encoded({"error": DEAD_LETTER_ERROR, "dead_lettered": True})}

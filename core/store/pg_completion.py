@@ -74,8 +74,8 @@ def complete_alone(db: Database, completions: Sequence[Ending]) -> set[str]:
     committed when this returns; the ids of the tasks moved. A task not moved (its
     lease lost, a cancel requested) got no event and no output."""
     sql, constants = _driver_statement(db.engine.dialect)
+    done, events = _parameters(completions)
     with autocommit_cursor(db.engine) as cursor:
-        done, events = _parameters(completions)
         cursor.execute(sql, {**constants, "p_now": db.clock.now_ms(), "p_done": done,
                              "p_events": events})
         [moved] = cursor.fetchone()
