@@ -119,9 +119,8 @@ async def insert_tasks_alone_async(
     (`core.store.pg_async`): the API's group commit, without a thread hop."""
     now = db.clock.now_ms()
     rows = [_task_values(new, now) for new in news]
-    async with connections.cursor() as cursor:
-        await cursor.execute(*_births_query(connections.dialect, rows, now, notify=True))
-        answer = await cursor.fetchone()
+    answer = await connections.first_row(*_births_query(connections.dialect, rows, now,
+                                                         notify=True))
     # Read once the connection is back: a refusal (an unknown model) is no fault of it.
     inserted = _inserted(rows, answer)
     if inserted:

@@ -6,15 +6,14 @@ API's busiest write, births that commit by themselves (`core.store.new_tasks`,
 `enqueue_many_async`), that hop cost more than the statement: psycopg's asyncio
 connection runs it on the loop itself, waiting for the server as the loop waits for a
 socket. The connections are this object's own, in autocommit, opened when first
-needed and kept for the next statement (as many as statements ran at once, which the
-caller bounds), dropped when found broken. Driver errors come out as SQLAlchemy's,
-as from `core.store.driver`.
+needed and kept, each with its cursor, for the next statement (as many as statements
+ran at once, which the caller bounds), dropped when found broken. Driver errors come
+out as SQLAlchemy's, as from `core.store.driver`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Dialect, make_url
@@ -23,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from core.store.database import Database
 
 if TYPE_CHECKING:
-    from psycopg import AsyncConnection
+    from psycopg import AsyncCursor
 
 
 class AutocommitConnections:
@@ -31,36 +30,41 @@ class AutocommitConnections:
         url = make_url(db.engine.url).set(drivername="postgresql")
         self._conninfo = url.render_as_string(hide_password=False)
         self.dialect: Dialect = db.engine.dialect
-        self._idle: list[AsyncConnection[Any]] = []
+        self._idle: list[AsyncCursor[Any]] = []  # one cursor per connection, kept with it
 
-    @asynccontextmanager
-    async def cursor(self) -> AsyncIterator[Any]:
-        """An asyncio cursor whose every statement commits before it returns."""
+    async def first_row(self, query: str, params: Mapping[str, Any]) -> Any:
+        """The first row `query` returns, committed before it returns.
+
+        The statement is prepared from its first run (the caller's statements are
+        few, each run again and again), and each connection keeps its cursor: a
+        cursor made per statement, and psycopg's count of runs before it prepares,
+        cost more on the event loop than the statement's own adaptation."""
         import psycopg  # SQLite processes never load it
 
         try:
-            conn = self._idle.pop() if self._idle else await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True)
+            cursor = self._idle.pop() if self._idle else (await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True)).cursor()
         except psycopg.Error as exc:
             raise self._sqlalchemy_error(exc) from exc
         try:
-            async with conn.cursor() as cursor:
-                yield cursor
+            await cursor.execute(query, params, prepare=True)
+            row = await cursor.fetchone()
         except psycopg.Error as exc:
-            if conn.broken or conn.closed:
-                await conn.close()
+            if cursor.connection.broken or cursor.connection.closed:
+                await cursor.connection.close()
             else:
-                self._idle.append(conn)
+                self._idle.append(cursor)
             raise self._sqlalchemy_error(exc) from exc
         except BaseException:  # cancelled, say, mid-statement: the connection's state
-            await conn.close()  # is unknown
+            await cursor.connection.close()  # is unknown
             raise
-        self._idle.append(conn)
+        self._idle.append(cursor)
+        return row
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []
-        for conn in idle:
-            await conn.close()
+        for cursor in idle:
+            await cursor.connection.close()
 
     def _sqlalchemy_error(self, exc: Exception) -> Exception:
         import psycopg

@@ -21,6 +21,7 @@ data-modifying CTEs, and no round trips) keeps its statements
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
@@ -31,12 +32,12 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
-    any_,
     bindparam,
     case,
+    cast,
     func,
     insert,
-    literal,
+    literal_column,
     select,
 )
 from sqlalchemy.dialects import postgresql
@@ -71,13 +72,13 @@ def births_query(
     else None (it waits outside the line). Nothing is inserted when a model is
     unknown; a task whose dedupe key is held is skipped. `notify`: the same statement
     NOTIFYs `WORK_CHANNEL` (`Database.announce_work(notified=True)`)."""
-    text, constants = _driver_statement(tuple(rows[0]), notify, dialect)
+    text = _driver_statement(tuple(rows[0]), notify, dialect)
     # One order of dedupe keys for every batch: batches in flight side by side then
     # wait for each other's keys in one direction only, never in a deadlock (stable,
     # so the first request of a batch holding a key still wins it).
     ordered = sorted(rows, key=lambda row: (row["client_id"], row["dedupe_key"] or ""))
-    return text, {**constants, "rows": rows_param(ordered), "models": list(wanted_models),
-                  "wanted": len(wanted_models), "now": now}
+    return text, {"rows": rows_param(ordered), "models": json.dumps(list(wanted_models)),
+                  "now": now}
 
 
 def births_answer(
@@ -90,39 +91,51 @@ def births_answer(
 
 
 @cache
-def _driver_statement(keys: tuple[str, ...], notify: bool,
-                      dialect: Dialect) -> tuple[str, dict[str, Any]]:
-    return driver_text(_statement(keys, notify), dialect,
-                       {"rows": "[]", "models": [], "wanted": 0, "now": 0})
+def _driver_statement(keys: tuple[str, ...], notify: bool, dialect: Dialect) -> str:
+    text, constants = driver_text(_statement(keys, notify), dialect,
+                                  {"rows": "[]", "models": "[]", "now": 0})
+    assert not constants  # what does not change is in the text, not a parameter to adapt
+    return text
 
 
 @cache
 def _statement(keys: tuple[str, ...], notify: bool) -> Any:
+    """Three parameters, two of them JSON text: psycopg adapts a string or an integer
+    for a fraction of what a list (an array) or each constant bound apart costs it, and
+    every batch pays that adaptation."""
     given = json_rows("postgresql", "rows", [(key, tasks.c[key].type) for key in keys])
-    known = (select(func.count()).select_from(models)
-             .where(models.c.id == any_(bindparam("models", type_=postgresql.ARRAY(String))))
+    wanted = cast(bindparam("models", type_=Text), JSON)
+    named = select(func.json_array_elements_text(wanted).table_valued("value").c.value)
+    known = (select(func.count()).select_from(models).where(models.c.id.in_(named))
              .scalar_subquery())
     values = [_placed(given) if key == "vtime" else given.c[key] for key in keys]
     born = (postgresql.insert(tasks)
             .from_select([tasks.c[key] for key in keys],
-                         select(*values).where(known == bindparam("wanted", type_=Integer)))
+                         select(*values).where(known == func.json_array_length(wanted)))
             .on_conflict_do_nothing()
             .returning(tasks.c.id, tasks.c.vtime)
             .cte("born"))
     now = bindparam("now", type_=BigInteger)
     answers = insert(responses).from_select(
         [responses.c.task_id, responses.c.output_text, responses.c.updated_at],
-        select(born.c.id, literal("", Text), now)).cte("answers")
+        select(born.c.id, _constant("''", Text), now)).cte("answers")
     created = insert(task_events).from_select(
         [task_events.c.task_id, task_events.c.seq, task_events.c.type,
          task_events.c.created_at, task_events.c.data],
-        select(born.c.id, literal(1, Integer), literal("response.created", String),
-               now, literal("{}", Text))).cte("created")
+        select(born.c.id, _constant("1", Integer), _constant("'response.created'", String),
+               now, _constant("'{}'", Text))).cte("created")
     places = select(func.json_object_agg(born.c.id, born.c.vtime, type_=JSON))
     columns: list[Any] = [known.label("known"), places.scalar_subquery().label("places")]
     if notify:
-        columns.append(func.pg_notify(literal(WORK_CHANNEL, String), literal("", String)))
+        columns.append(func.pg_notify(_constant(f"'{WORK_CHANNEL}'", String),
+                                      _constant("''", String)))
     return select(*columns).add_cte(answers, created)
+
+
+def _constant(sql: str, kind: Any) -> Any:
+    """A constant written into the statement's text (SQLAlchemy binds a Python
+    literal as one more parameter)."""
+    return literal_column(sql, kind)
 
 
 def _placed(given: Any) -> Any:
@@ -131,9 +144,11 @@ def _placed(given: Any) -> Any:
     plus its offset in the batch; a row that is not due stays outside the line."""
     now_serving = func.coalesce(
         select(func.min(tasks.c.vtime))
-        .where(IS_IN_LINE, tasks.c.priority == given.c.priority).scalar_subquery(), 0)
+        .where(IS_IN_LINE, tasks.c.priority == given.c.priority).scalar_subquery(),
+        _constant("0", BigInteger))
     last_round = (select(func.max(tasks.c.vtime))
                   .where(IS_IN_LINE, tasks.c.client_id == given.c.client_id,
                          tasks.c.priority == given.c.priority).scalar_subquery())
-    first = func.greatest(now_serving, func.coalesce(last_round + 1, now_serving))
+    first = func.greatest(now_serving,
+                          func.coalesce(last_round + _constant("1", BigInteger), now_serving))
     return case((given.c.vtime.is_(None), None), else_=first + given.c.vtime)

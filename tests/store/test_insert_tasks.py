@@ -220,12 +220,9 @@ def test_the_event_loops_connections_raise_as_sqlalchemy_does_and_are_kept(
         pids = []
         for _ in range(2):
             with pytest.raises(DataError) as refused:
-                async with connections.cursor() as cursor:
-                    await cursor.execute("SELECT %(secret)s::int / 0", {"secret": 7})
+                await connections.first_row("SELECT %(secret)s::int / 0", {"secret": 7})
             assert "secret" not in str(refused.value.params or "")
-            async with connections.cursor() as cursor:
-                await cursor.execute("SELECT pg_backend_pid()")
-                pids.append((await cursor.fetchone())[0])
+            pids.append((await connections.first_row("SELECT pg_backend_pid()", {}))[0])
         await connections.close()
         return pids
 
