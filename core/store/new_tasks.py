@@ -289,8 +289,12 @@ def _stored_answer(db: Database, client_id: str, claim: IdempotencyClaim) -> Enq
     return Enqueued(stored.task_id, stored.status_code, stored.body.encode(), replayed=True)
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # `json.dumps`
+# with these arguments makes an encoder per call: a tenth of the encoding itself
+
+
 def _json_bytes(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return _COMPACT.encode(value).encode()
 
 
 def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
