@@ -145,7 +145,8 @@ class Enqueuer:
         it left alone (a dedupe hit, a failure) then on the writer thread."""
         assert self._connections is not None
         requests = [(new, claim) for new, claim, _ in batch]
-        done = await enqueue_many_async(self._db, self._connections, requests)
+        done = await enqueue_many_async(self._db, self._connections, requests,
+                                        idempotency_ttl_ms=self._ttl_ms)
         outcomes: list[Enqueued | Exception] = (
             await writing(self._db, self._commit, requests, done)
             if None in done else done)  # type: ignore[assignment]  # no None in it

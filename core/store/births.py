@@ -5,14 +5,14 @@ retry) and schedule firing create tasks through `insert_tasks`: the models check
 task rows with their response rows and `response.created` events, each due task placed
 in the fair line. PostgreSQL does it in one statement (`core.store.pg_births`), which
 commits by itself where the births are the whole transaction (`insert_tasks_alone`, and
-`insert_tasks_alone_async` on the API's event loop); SQLite through the driver's own
+`insert_rows_alone_async` on the API's event loop); SQLite through the driver's own
 prepared statements (`core.store.sqlite_births`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -97,35 +97,59 @@ def insert_tasks(
 def insert_tasks_alone(db: Database, news: Sequence[NewTask]) -> list[SimpleNamespace | None]:
     """`insert_tasks(…, announce=True)` as a transaction of its own, committed when it
     returns; only where one statement creates tasks (`Database.data_modifying_ctes`).
-
-    That statement then commits by itself (`core.store.driver.autocommit_cursor`): one
-    round trip, where a transaction around it adds BEGIN and COMMIT, and none of
-    SQLAlchemy's transaction bookkeeping. For a request whose whole transaction is the
-    births, as it is without an idempotency key or `max_active`.
-    """
+    `task_rows` then `insert_rows_alone`, for a caller with nothing else to write."""
     now = db.clock.now_ms()
-    rows = [_task_values(new, now) for new in news]
+    rows = task_rows(news, now)
+    return _births(rows, insert_rows_alone(db, rows, now))
+
+
+def task_rows(news: Sequence[NewTask], now: int) -> list[dict[str, Any]]:
+    """The rows `news` are to be born with, their ids made: what a caller renders or
+    records before `insert_rows_alone` writes them (`as_born`)."""
+    return [_task_values(new, now) for new in news]
+
+
+def as_born(rows: Sequence[dict[str, Any]]) -> list[SimpleNamespace]:
+    """Each of `task_rows`' rows as its task will read once born (empty response
+    columns): enough to render it."""
+    return [task for task in _births(rows, {row["id"] for row in rows}) if task is not None]
+
+
+def insert_rows_alone(
+    db: Database, rows: list[dict[str, Any]], now: int,
+    records: Sequence[Mapping[str, Any]] = (),
+) -> set[str]:
+    """`task_rows(…, now)`'s rows (and `records`, idempotency records:
+    `core.store.pg_births`) inserted by one statement that commits by itself; the ids
+    of the tasks inserted.
+
+    That statement commits by itself (`core.store.driver.autocommit_cursor`): one
+    round trip, where a transaction around it adds BEGIN and COMMIT, and none of
+    SQLAlchemy's transaction bookkeeping. For requests whose whole transaction is the
+    births, as it is without `max_active`.
+    """
     with autocommit_cursor(db.engine) as cursor:
-        inserted = _born_at_once(cursor, db.engine.dialect, rows, now, notify=True)
+        cursor.execute(*_births_query(db.engine.dialect, rows, now, notify=True,
+                                      records=records))
+        inserted = _inserted(rows, cursor.fetchone())
     if inserted:
         db.announce_committed_work()
-    return _births(rows, inserted)
+    return inserted
 
 
-async def insert_tasks_alone_async(
-    db: Database, connections: AutocommitConnections, news: Sequence[NewTask]
-) -> list[SimpleNamespace | None]:
-    """`insert_tasks_alone` on the event loop, on one of `connections`
+async def insert_rows_alone_async(
+    db: Database, connections: AutocommitConnections, rows: list[dict[str, Any]], now: int,
+    records: Sequence[Mapping[str, Any]] = (),
+) -> set[str]:
+    """`insert_rows_alone` on the event loop, on one of `connections`
     (`core.store.pg_async`): the API's group commit, without a thread hop."""
-    now = db.clock.now_ms()
-    rows = [_task_values(new, now) for new in news]
     answer = await connections.first_row(*_births_query(connections.dialect, rows, now,
-                                                         notify=True))
+                                                         notify=True, records=records))
     # Read once the connection is back: a refusal (an unknown model) is no fault of it.
     inserted = _inserted(rows, answer)
     if inserted:
         db.announce_committed_work()
-    return _births(rows, inserted)
+    return inserted
 
 
 def _born_at_once(
@@ -138,14 +162,16 @@ def _born_at_once(
 
 
 def _births_query(
-    dialect: Dialect, rows: list[dict[str, Any]], now: int, *, notify: bool
+    dialect: Dialect, rows: list[dict[str, Any]], now: int, *, notify: bool,
+    records: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[str, dict[str, Any]]:
     """The births statement for `rows`, each due row given its offset in the line."""
     due = [row for row in rows if row["run_at"] <= now]
     for row, offset in zip(due, line_offsets([(row["client_id"], row["priority"])
                                               for row in due])):
         row["vtime"] = offset
-    return births_query(dialect, rows, _models_of(rows), now, notify=notify)
+    return births_query(dialect, rows, _models_of(rows), now, notify=notify,
+                        records=records)
 
 
 def _inserted(rows: list[dict[str, Any]], answer: Sequence[Any]) -> set[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, Row, delete, select
@@ -24,10 +23,12 @@ from core.states import OnRestart, Status
 from core.store.active_quota import quota_exceeded, room
 from core.store.births import (
     NewTask,
+    as_born,
+    insert_rows_alone,
+    insert_rows_alone_async,
     insert_task,
     insert_tasks,
-    insert_tasks_alone,
-    insert_tasks_alone_async,
+    task_rows,
 )
 from core.store.bulk import insert_rows
 from core.store.database import Database
@@ -76,18 +77,20 @@ def enqueue(
     A second request with the same idempotency key gets the stored answer (or
     `idempotency_key_reused`); one with the active task's `dedupe_key` gets that task
     (`200`, nothing created). Both are decided by unique indexes, never by a prior read:
-    the common path is `insert_tasks` (one statement on PostgreSQL, committing by
-    itself when there is nothing else to write), the idempotency record if any, and one
-    commit, and only a conflict reads.
+    the common path is one statement on PostgreSQL that stores the idempotency record if
+    any, then the task if the record was stored, and commits by itself
+    (`births_alone`); elsewhere `insert_tasks`, the record and one commit. Only a
+    conflict reads.
     A client at its `max_active` is refused (`quota_exceeded`, nothing stored), except
     for a replay or a dedupe hit, which create nothing.
     """
     try:
         if births_alone(db, [(new, idempotency)]):
-            [created] = insert_tasks_alone(db, [new])
-            if created is None:
-                raise _DedupeHit
-            return Enqueued(created.id, 202, _json_bytes(response_object(created, None)))
+            now, rows, ready, records = _alone(db, [(new, idempotency)], idempotency_ttl_ms)
+            [answer] = _answered(ready, insert_rows_alone(db, rows, now, records))
+            if answer is None:  # a key is only sent alone without a dedupe key
+                raise _KeyTaken if idempotency is not None else _DedupeHit
+            return answer
         with db.write() as conn:
             now = db.clock.now_ms()
             if new.max_active and room(conn, new.client_id, new.max_active) < 1:
@@ -139,10 +142,10 @@ def enqueue_many(
     """
     if births_alone(db, batch):
         try:
-            created = insert_tasks_alone(db, [new for new, _ in batch])
+            now, rows, ready, records = _alone(db, batch, idempotency_ttl_ms)
+            return _answered(ready, insert_rows_alone(db, rows, now, records))
         except Exception:  # nothing of it was stored: each request is tried alone
             return [None] * len(batch)
-        return _created(created)
     try:
         with db.write() as conn:
             now = db.clock.now_ms()
@@ -159,29 +162,48 @@ async def enqueue_many_async(
     db: Database,
     connections: AutocommitConnections,
     batch: Sequence[tuple[NewTask, IdempotencyClaim | None]],
+    *,
+    idempotency_ttl_ms: int = 24 * 3600 * 1000,
 ) -> list[Enqueued | None]:
     """`enqueue_many` for a batch `births_alone` admits, on the event loop
     (`core.store.pg_async`): its one statement commits by itself. A request left None
-    (a dedupe key held; every request of a batch that failed) is the caller's to
-    `enqueue`, as with `enqueue_many`."""
+    (a dedupe key or idempotency key held; every request of a batch that failed) is
+    the caller's to `enqueue`, as with `enqueue_many`."""
     try:
-        created = await insert_tasks_alone_async(db, connections, [new for new, _ in batch])
+        now, rows, ready, records = _alone(db, batch, idempotency_ttl_ms)
+        return _answered(ready, await insert_rows_alone_async(db, connections, rows, now,
+                                                                 records))
     except Exception:  # nothing of it was stored: each request is tried alone
         return [None] * len(batch)
-    return _created(created)
 
 
 def births_alone(db: Database, batch: Sequence[tuple[NewTask, IdempotencyClaim | None]]) -> bool:
-    """Whether creating the batch's tasks is the whole of its transaction (no
-    idempotency record to write, no `max_active` to check) and one statement does it:
-    then that statement commits by itself (`insert_tasks_alone`, `enqueue_many_async`)."""
+    """Whether one statement is the whole of the batch's transaction: the births and
+    their idempotency records (`core.store.pg_births`), no `max_active` to check.
+    Then that statement commits by itself (`insert_rows_alone`, `enqueue_many_async`).
+    A request with both an idempotency key and a dedupe key takes a transaction: a
+    dedupe conflict skips its task, and the transaction drops its record too."""
     return db.data_modifying_ctes and not any(
-        claim is not None or new.max_active for new, claim in batch)
+        new.max_active or (claim is not None and new.dedupe_key is not None)
+        for new, claim in batch)
 
 
-def _created(created: Sequence[SimpleNamespace | None]) -> list[Enqueued | None]:
-    return [None if row is None else Enqueued(row.id, 202, _json_bytes(
-        response_object(row, None))) for row in created]
+def _alone(
+    db: Database, batch: Sequence[tuple[NewTask, IdempotencyClaim | None]], ttl_ms: int
+) -> tuple[int, list[dict[str, Any]], list[Enqueued], list[dict[str, Any]]]:
+    """For a batch `births_alone` admits: its time, its rows, the answer of each
+    request once its task is born, and the idempotency records those answers go in."""
+    now = db.clock.now_ms()
+    rows = task_rows([new for new, _ in batch], now)
+    answers = [Enqueued(task.id, 202, _json_bytes(response_object(task, None)))
+               for task in as_born(rows)]
+    records = [_key_record(new, claim, answer.task_id, answer.body, now, ttl_ms)
+               for (new, claim), answer in zip(batch, answers) if claim is not None]
+    return now, rows, answers, records
+
+
+def _answered(answers: Sequence[Enqueued], inserted: set[str]) -> list[Enqueued | None]:
+    return [answer if answer.task_id in inserted else None for answer in answers]
 
 
 def _insert_batch(

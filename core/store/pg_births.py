@@ -46,7 +46,7 @@ from sqlalchemy.engine import Dialect
 from core.store.bulk import json_rows, rows_param
 from core.store.database import WORK_CHANNEL
 from core.store.driver import driver_text
-from core.tables import IS_IN_LINE, models, responses, task_events, tasks
+from core.tables import IS_IN_LINE, idempotency_keys, models, responses, task_events, tasks
 
 
 def line_offsets(joining: Sequence[tuple[str, int]]) -> list[int]:
@@ -63,7 +63,7 @@ def line_offsets(joining: Sequence[tuple[str, int]]) -> list[int]:
 
 def births_query(
     dialect: Dialect, rows: Sequence[Mapping[str, Any]], wanted_models: Sequence[str],
-    now: int, *, notify: bool,
+    now: int, *, notify: bool, records: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[str, dict[str, Any]]:
     """The statement inserting the tasks `rows` (all with the same keys) with their
     response rows and first events, as text and parameters for a driver cursor
@@ -71,14 +71,26 @@ def births_query(
     committing by itself. A row's `vtime` is its `line_offsets` offset if it is due,
     else None (it waits outside the line). Nothing is inserted when a model is
     unknown; a task whose dedupe key is held is skipped. `notify`: the same statement
-    NOTIFYs `WORK_CHANNEL` (`Database.announce_work(notified=True)`)."""
-    text = _driver_statement(tuple(rows[0]), notify, dialect)
+    NOTIFYs `WORK_CHANNEL` (`Database.announce_work(notified=True)`).
+
+    `records`: idempotency records (rows of `idempotency_keys`, each naming one of
+    `rows` by `task_id`), stored first with `ON CONFLICT DO NOTHING`; a task whose
+    record was refused (its key already recorded, or being recorded by a transaction
+    not yet committed, which this waits for) is not inserted, so of two requests with
+    one key exactly one creates a task. Not for a row that also has a dedupe key: a
+    dedupe conflict would skip the task and keep its record."""
+    text = _driver_statement(tuple(rows[0]), notify, bool(records), dialect)
     # One order of dedupe keys for every batch: batches in flight side by side then
     # wait for each other's keys in one direction only, never in a deadlock (stable,
-    # so the first request of a batch holding a key still wins it).
+    # so the first request of a batch holding a key still wins it). Idempotency keys
+    # likewise, and all of them before any dedupe key (`_statement`).
     ordered = sorted(rows, key=lambda row: (row["client_id"], row["dedupe_key"] or ""))
-    return text, {"rows": rows_param(ordered), "models": json.dumps(list(wanted_models)),
-                  "now": now}
+    params = {"rows": rows_param(ordered), "models": json.dumps(list(wanted_models)),
+              "now": now}
+    if records:
+        params["records"] = rows_param(sorted(
+            records, key=lambda record: (record["client_id"], record["key"])))
+    return text, params
 
 
 def births_answer(
@@ -91,27 +103,43 @@ def births_answer(
 
 
 @cache
-def _driver_statement(keys: tuple[str, ...], notify: bool, dialect: Dialect) -> str:
-    text, constants = driver_text(_statement(keys, notify), dialect,
-                                  {"rows": "[]", "models": "[]", "now": 0})
+def _driver_statement(keys: tuple[str, ...], notify: bool, keyed: bool,
+                      dialect: Dialect) -> str:
+    variables = {"rows": "[]", "models": "[]", "now": 0, **({"records": "[]"} if keyed else {})}
+    text, constants = driver_text(_statement(keys, notify, keyed), dialect, variables)
     assert not constants  # what does not change is in the text, not a parameter to adapt
     return text
 
 
 @cache
-def _statement(keys: tuple[str, ...], notify: bool) -> Any:
-    """Three parameters, two of them JSON text: psycopg adapts a string or an integer
-    for a fraction of what a list (an array) or each constant bound apart costs it, and
-    every batch pays that adaptation."""
+def _statement(keys: tuple[str, ...], notify: bool, keyed: bool) -> Any:
+    """Three parameters (four with idempotency records), all JSON text but one: psycopg
+    adapts a string or an integer for a fraction of what a list (an array) or each
+    constant bound apart costs it, and every batch pays that adaptation."""
     given = json_rows("postgresql", "rows", [(key, tasks.c[key].type) for key in keys])
     wanted = cast(bindparam("models", type_=Text), JSON)
     named = select(func.json_array_elements_text(wanted).table_valued("value").c.value)
     known = (select(func.count()).select_from(models).where(models.c.id.in_(named))
              .scalar_subquery())
+    admitted = [known == func.json_array_length(wanted)]
+    ctes = []
+    if keyed:
+        given_records = json_rows("postgresql", "records", [
+            (column.key, column.type) for column in idempotency_keys.c])
+        recorded = (postgresql.insert(idempotency_keys)
+                    .from_select(list(idempotency_keys.c),
+                                 select(*given_records.c).where(*admitted))
+                    .on_conflict_do_nothing()
+                    .returning(idempotency_keys.c.task_id)
+                    .cte("recorded"))
+        # Not `IN recorded`: EXCEPT reads every record (so stores every key, in their
+        # order) before the first task goes in.
+        refused = select(given_records.c.task_id).except_(select(recorded.c.task_id))
+        admitted.append(given.c.id.not_in(refused))
+        ctes.append(recorded)
     values = [_placed(given) if key == "vtime" else given.c[key] for key in keys]
     born = (postgresql.insert(tasks)
-            .from_select([tasks.c[key] for key in keys],
-                         select(*values).where(known == func.json_array_length(wanted)))
+            .from_select([tasks.c[key] for key in keys], select(*values).where(*admitted))
             .on_conflict_do_nothing()
             .returning(tasks.c.id, tasks.c.vtime)
             .cte("born"))
@@ -129,7 +157,7 @@ def _statement(keys: tuple[str, ...], notify: bool) -> Any:
     if notify:
         columns.append(func.pg_notify(_constant(f"'{WORK_CHANNEL}'", String),
                                       _constant("''", String)))
-    return select(*columns).add_cte(answers, created)
+    return select(*columns).add_cte(*ctes, answers, created)
 
 
 def _constant(sql: str, kind: Any) -> Any:

@@ -189,8 +189,9 @@ def test_a_turn_that_fails_answers_every_waiting_request_with_its_error(
         raise OperationalError("BEGIN", {}, Exception("the store is gone"))
 
     monkeypatch.setattr(db, "write_turn", unavailable)
-    # With a key, a request is a transaction on either store, so it waits for a turn.
-    answers = run_together(db, [(new(model_id), IdempotencyClaim(f"k{n}", "d"))
+    # With an idempotency key and a dedupe key, a request is a transaction on either
+    # store, so it waits for a turn.
+    answers = run_together(db, [(new(model_id, dedupe_key=f"d{n}"), IdempotencyClaim(f"k{n}", "d"))
                                 for n in range(5)])
     assert all(isinstance(answer, OperationalError) for answer in answers)
 
@@ -216,6 +217,26 @@ def test_a_batch_of_births_alone_commits_on_the_loop_and_leaves_conflicts_to_enq
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_births_with_idempotency_keys_commit_on_the_loop_and_their_repeats_replay(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits = counted_writes(db, monkeypatch)
+    keyed: list[tuple[NewTask, IdempotencyClaim | None]] = [
+        (new(model_id), IdempotencyClaim(f"k{n}", "d")) for n in range(5)]
+    first = [a for a in run_together(db, keyed) if isinstance(a, Enqueued) and not a.replayed]
+    assert len(first) == 5 and commits == []  # the records rode in the births' statement
+    *again, reused = run_together(db, [*keyed, (new(model_id), IdempotencyClaim("k0", "x"))])
+    assert [(a.task_id, a.body, a.replayed) for a in again if isinstance(a, Enqueued)] == [
+        (a.task_id, a.body, True) for a in first]
+    assert isinstance(reused, InvalidInput) and reused.code == "idempotency_key_reused"
+    with db.read() as conn:  # the repeats' tasks were never inserted
+        assert set(conn.execute(select(tasks.c.id)).scalars()) == {a.task_id for a in first}
+    del commits[:]
+    [both] = run_together(db, [(new(model_id, dedupe_key="x"), IdempotencyClaim("k9", "d"))])
+    assert isinstance(both, Enqueued) and len(commits) == 1  # a dedupe key too: a transaction
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_one_batch_is_in_flight_unless_it_stalls(
     db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,14 +245,14 @@ def test_one_batch_is_in_flight_unless_it_stalls(
     out, most, sizes = [0], [0], []
     stall = [0.0]
 
-    async def counted(db: Database, connections: Any, batch: Any) -> Any:
+    async def counted(db: Database, connections: Any, batch: Any, **options: Any) -> Any:
         out[0] += 1
         most[0] = max(most[0], out[0])
         sizes.append(len(batch))
         try:
             if len(sizes) == 1:
                 await asyncio.sleep(stall[0])
-            return await new_tasks.enqueue_many_async(db, connections, batch)
+            return await new_tasks.enqueue_many_async(db, connections, batch, **options)
         finally:
             out[0] -= 1
 

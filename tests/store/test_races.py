@@ -6,6 +6,7 @@ several sweepers or API workers would be.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 from collections import Counter
@@ -21,8 +22,9 @@ from core.store import births, claims, completion, new_tasks, tasks, worker_writ
 from core.store.clients import create_client
 from core.store.connect import create_db_engine
 from core.store.database import Database
-from core.tables import task_events
+from core.tables import idempotency_keys, task_events
 from core.tables import tasks as tasks_table
+from handlers.enqueuing import Enqueuer
 from tests.store.helpers import assert_log_sound
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -158,6 +160,40 @@ def test_concurrent_enqueues_with_one_idempotency_key_create_one_task(
     assert json.loads(outcomes[0][1])["status"] == "queued"
     with db.read() as conn:
         assert conn.execute(select(func.count()).select_from(tasks_table)).scalar() == 1
+
+
+def _enqueue_with_key_through_a_group_commit(url: str, model: str, start: Any,
+                                             results: Any) -> None:
+    db = _open(url)
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
+    new = births.NewTask(client_id="c", model=model, request_json="{}")
+
+    async def once() -> new_tasks.Enqueued:
+        try:
+            return await enqueuer.enqueue(new, IdempotencyClaim("same-key", "same-digest"))
+        finally:
+            await enqueuer.close()
+
+    start.wait()
+    outcome = asyncio.run(once())
+    results.put((outcome.task_id, outcome.body.decode(), outcome.replayed))
+    db.dispose()
+
+
+def test_api_processes_racing_one_idempotency_key_create_one_task(
+    db: Database, database_url: str, model_id: str
+) -> None:
+    """As above through each process's group commit (`handlers.enqueuing`): on
+    PostgreSQL the births and the record are one statement on the event loop, the
+    record stored first and the task only if it was; the losers wait for the winner's
+    commit and replay its answer."""
+    outcomes = _run([(_enqueue_with_key_through_a_group_commit, (database_url, model_id))] * 8)
+    assert len({task_id for task_id, _, _ in outcomes}) == 1
+    assert len({body for _, body, _ in outcomes}) == 1
+    assert sorted(replayed for _, _, replayed in outcomes) == [False] + [True] * 7
+    with db.read() as conn:
+        for table in (tasks_table, task_events, idempotency_keys):
+            assert conn.execute(select(func.count()).select_from(table)).scalar() == 1
 
 
 def test_four_processes_claim_every_attempt_once_across_priorities_and_many_clients(
