@@ -12,6 +12,10 @@ PostgreSQL the CPU of the database's backends and the commits per POST
 (`pg_stat_database`). Unlike the requests per second beside it, it hardly depends on
 what else runs on this shared machine.
 
+`--store-only`: the group commit (`handlers.enqueuing.Enqueuer`) driven directly,
+no HTTP at all, `--keyed` with an Idempotency-Key per request; CPU of the process per
+enqueue and the mean batch.
+
 `--in-process`: the ASGI app of `infra.app.serving_app` driven directly (no granian,
 no sockets), the same producers as coroutines; CPU of this process per POST and
 the statements per POST that go through SQLAlchemy (`before_cursor_execute`: not
@@ -250,6 +254,50 @@ async def _in_process(settings: Settings, token: str, producers: int, posts: int
             "rate": posts / wall, "statuses": dict(statuses)}
 
 
+async def _store_only(settings: Settings, producers: int, posts: int,
+                      keyed: bool) -> dict[str, Any]:
+    """The group commit alone (`handlers.enqueuing.Enqueuer`, no HTTP): `producers`
+    coroutines enqueueing one task after another, each with an Idempotency-Key of its
+    own if `keyed`; CPU of this process (all threads: the writer thread's too) per
+    enqueue, and the mean batch."""
+    from core.idempotency import IdempotencyClaim
+    from core.store.births import NewTask
+    from handlers.enqueuing import Enqueuer
+
+    db = Database(create_db_engine(settings))
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=3_600_000)
+    request = json.dumps({"model": MODEL, "input": "words=1", "seed": 1})
+    keys = iter(range(10**9))
+    batches: list[int] = []
+    taking = enqueuer._take
+
+    def counted() -> Any:
+        batch = taking()
+        batches.append(len(batch))
+        return batch
+
+    enqueuer._take = counted  # type: ignore[method-assign]
+
+    async def producer(count: int) -> None:
+        for _ in range(count):
+            claim = IdempotencyClaim(f"k{next(keys)}", "digest") if keyed else None
+            await enqueuer.enqueue(NewTask(client_id="bench", model=MODEL,
+                                           request_json=request), claim)
+
+    try:
+        await asyncio.gather(*(producer(max(50, posts // 10) // producers)
+                               for _ in range(producers)))  # warm-up
+        batches.clear()
+        started, wall = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(producer(posts // producers) for _ in range(producers)))
+        cpu, wall = time.process_time() - started, time.perf_counter() - wall
+    finally:
+        await enqueuer.close()
+        db.dispose()
+    return {"cpu_ms": 1000 * cpu / posts, "rate": posts / wall,
+            "batch": sum(batches) / max(1, len(batches))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--posts", type=int, default=3000)
@@ -262,6 +310,11 @@ def main() -> None:
     parser.add_argument("--fake-store", action="store_true",
                         help="with --in-process: the group commit answers at once, "
                         "storing nothing (the HTTP layer's own cost)")
+    parser.add_argument("--store-only", action="store_true",
+                        help="the group commit alone, no HTTP: CPU of the process per "
+                        "enqueue (--producers 2 gives PostgreSQL's served batches of ~2)")
+    parser.add_argument("--keyed", action="store_true",
+                        help="with --store-only: an Idempotency-Key per request")
     parser.add_argument("--spy", help="served: py-spy's raw --gil samples of each serve "
                         "worker into FILE.<store>.<pid> (the CPU figures are then inflated)")
     args = parser.parse_args()
@@ -276,6 +329,14 @@ def main() -> None:
                 with db.read() as conn:
                     conn.execute(text("SELECT 1"))
                 db.dispose()
+                if args.store_only:
+                    import uvloop
+                    figures = uvloop.run(_store_only(settings, args.producers, args.posts,
+                                                     args.keyed))
+                    print(f"{kind:10} store only{' (keyed)' if args.keyed else ''}: "
+                          f"{figures['cpu_ms']:.3f} CPU-ms/enqueue, mean batch "
+                          f"{figures['batch']:.2f}, {figures['rate']:.0f}/s", flush=True)
+                    continue
                 if args.in_process:
                     import uvloop
                     figures = uvloop.run(_in_process(settings, token, args.producers,
