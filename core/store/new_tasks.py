@@ -88,7 +88,7 @@ def enqueue(
         if births_alone(db, [(new, idempotency)]):
             now, rows, ready, records = _alone(db, [(new, idempotency)], idempotency_ttl_ms)
             [answer] = _answered(ready, insert_rows_alone(db, rows, now, records))
-            if answer is None:  # a key is only sent alone without a dedupe key
+            if answer is None:  # `births_alone` takes a key only without a dedupe key
                 raise _KeyTaken if idempotency is not None else _DedupeHit
             return answer
         with db.write() as conn:
