@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Row
 
 from core.clock import iso
 from core.states import PUBLIC_STATUS, TERMINAL, Status
+
+if TYPE_CHECKING:
+    from core.store.database import LoggedEvent
 
 # A task or response as the store gives it: a row read back, or the namespace
 # `core.store.new_tasks` builds for a task it has just inserted without reading it.
@@ -152,8 +155,12 @@ def _final_message(task_id: str, text: str, status: Status) -> dict[str, Any]:
     return item
 
 
-def event_object(task: Record, response: Record | None, event: Row[Any]) -> dict[str, Any]:
-    """`{seq, type, created_at, data}`; `data` is the event JSON clients stream.
+def event_object(
+    task: Record | None, response: Record | None, event: Row[Any] | LoggedEvent
+) -> dict[str, Any]:
+    """`{seq, type, created_at, data}`; `data` is the event JSON clients stream. Only a
+    lifecycle event (`LIFECYCLE_STATUS`) embeds the response object, so the others
+    need no task (None): a stream builds them from the rows its process just logged.
 
     Shaped for OpenAI's SDKs, which parse `data` into their typed events:
     - an event's `error` (the failure of `response.failed`, the cause of a retry's
@@ -172,6 +179,8 @@ def event_object(task: Record, response: Record | None, event: Row[Any]) -> dict
     error = own.pop("error", None)
     status = LIFECYCLE_STATUS.get(event.type)
     if status is not None:
+        if task is None:
+            raise ValueError(f"a {event.type} event embeds the response: it needs the task")
         data["response"] = response_object(task, response, status=status, error=error)
         if event.type != "response.created":
             data["response"]["instructions"] = None

@@ -14,6 +14,14 @@ may be spurious (the waiter's last read already held those events); its caller r
 again and waits again. Waking at the commit, and only after it, matters: SQLAlchemy's
 `commit` event comes before the commit, and a poll run at it found the old log and
 then slept a whole tick (docs/benchmarks.md).
+
+Such a commit also says which rows it logged when its writer named them (a worker's
+output, `core.store.database.logged`). A waiter whose log they continue exactly (the
+first is `seen_seq + 1`, and so on without a gap) is handed them and need not read the
+log: an SSE stream sends them as they are. Anything else wakes it to read: a poll, a
+commit that named no rows, one that leaves a gap (another writer's commit whose news
+is still on its way), or one heard after the waiter was already handed rows it does not
+continue. A commit whose rows the waiter has already seen wakes nobody.
 """
 
 from __future__ import annotations
@@ -21,14 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Row
 
 from core.states import TERMINAL, Status
-from core.store.database import EVENTS_CHANNEL, Database
+from core.store.database import EVENTS_CHANNEL, Database, Logged, LoggedEvent
 from core.store.tasks import get_task, log_positions
 from handlers.threads import blocking
 
@@ -39,6 +47,35 @@ log = logging.getLogger("taskward.live")
 class _Waiter:
     seen_seq: int
     woken: asyncio.Future[None] = field(repr=False)
+    # Once woken: the events after `seen_seq` it was handed, in order; None: read the log.
+    events: list[LoggedEvent] | None = None
+
+    def read(self) -> None:
+        """Wake it to read the log."""
+        self.events = None
+        if not self.woken.done():
+            self.woken.set_result(None)
+
+    def hear(self, events: tuple[LoggedEvent, ...]) -> None:
+        """A local commit logged `events` of its task (empty: it did not say which)."""
+        if not events:
+            self.read()
+            return
+        if not self.woken.done():
+            self.events = []
+        elif self.events is None:
+            return  # it reads the log anyway, after this commit
+        held = self.seen_seq + len(self.events)
+        if events[-1].seq <= held:
+            if not self.woken.done():  # seen already: nothing to wake it for
+                self.events = None
+            return
+        if events[0].seq != held + 1:
+            self.read()
+            return
+        self.events.extend(events)
+        if not self.woken.done():
+            self.woken.set_result(None)
 
 
 class LiveTail:
@@ -53,10 +90,10 @@ class LiveTail:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
 
-        def logged(task_id: str) -> None:  # on the writer's thread, after its commit
-            if task_id in self._waiters:  # a dict lookup: safe from any thread
+        def logged(news: Logged) -> None:  # on the writer's thread, after its commit
+            if news.task_id in self._waiters:  # a dict lookup: safe from any thread
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(self._wake_all, task_id)
+                    loop.call_soon_threadsafe(self._heard, news)
 
         self._unlisten = self._db.listen(EVENTS_CHANNEL, logged)
         self._poller = asyncio.create_task(self._run(), name="taskward-live-tail")
@@ -72,14 +109,22 @@ class LiveTail:
         """True once the task's log holds events after `seen_seq` (or the task is gone),
         or may hold them (a local commit logged some); False when `timeout` seconds pass
         first."""
+        return await self.next_events(task_id, seen_seq, timeout) is not None
+
+    async def next_events(
+        self, task_id: str, seen_seq: int, timeout: float
+    ) -> Sequence[LoggedEvent] | None:
+        """As `wait`, with what woke it: the events after `seen_seq`, gapless and in
+        order, as a commit of this process logged them; or `()`: read the log, which
+        holds (or may hold) more. None when `timeout` seconds pass first."""
         waiter = _Waiter(seen_seq, asyncio.get_running_loop().create_future())
         self._waiters.setdefault(task_id, []).append(waiter)
         self._work.set()
         try:
             await asyncio.wait_for(waiter.woken, timeout)
-            return True
+            return waiter.events or ()
         except TimeoutError:
-            return False
+            return None
         finally:
             waiting = self._waiters.get(task_id, [])
             if waiter in waiting:
@@ -101,17 +146,16 @@ class LiveTail:
                 self._wake(polled, positions)
             await asyncio.sleep(self._interval)
 
-    def _wake_all(self, task_id: str) -> None:
-        for waiter in self._waiters.get(task_id, []):
-            if not waiter.woken.done():
-                waiter.woken.set_result(None)
+    def _heard(self, news: Logged) -> None:
+        for waiter in self._waiters.get(news.task_id, []):
+            waiter.hear(news.events)
 
     def _wake(self, polled: list[str], positions: dict[str, int]) -> None:
         for task_id in polled:
             last_seq = positions.get(task_id)  # None: the task is gone, wake its waiters
             for waiter in self._waiters.get(task_id, []):
                 if not waiter.woken.done() and (last_seq is None or last_seq > waiter.seen_seq):
-                    waiter.woken.set_result(None)
+                    waiter.read()
 
 
 async def settled(

@@ -5,13 +5,16 @@ sends `: ping` plus a blank line, which some clients (OpenAI's SDK) parse as an 
 event and crash on. Our keep-alive is a bare comment line. A stream replays the stored
 events after the resume point, then follows the live tail, and ends right after the
 terminal event, so a client that reads to the end has seen the whole life of the task.
+A page of the events a worker of this very process has just committed (its output, in
+`taskward run`) comes from the live tail's memory rather than the store when the stream
+holds everything before them (`LiveTail.next_events`, `logged_page`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -19,9 +22,9 @@ from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
 from core.errors import NotFound
-from core.objects import TERMINAL_EVENTS, event_object
+from core.objects import LIFECYCLE_STATUS, TERMINAL_EVENTS, event_object
 from core.states import TERMINAL, Status
-from core.store.database import Database
+from core.store.database import Database, LoggedEvent
 from core.store.tasks import task_and_events
 from handlers.limits import end_with
 from handlers.live import LiveTail
@@ -64,6 +67,16 @@ def read_events_page(
     task, rows = task_and_events(db, task_id, owner, after=after, limit=limit)
     return EventsPage([event_object(task, task, row) for row in rows],
                       Status(task.status) in TERMINAL, task.last_seq)
+
+
+def logged_page(events: Sequence[LoggedEvent]) -> EventsPage | None:
+    """The page of `events` just committed by this process, built from their rows; None
+    (read the log) when there are none or one embeds the response object, whose state
+    the rows do not hold. Not `finished`: a terminal event ends the stream by itself."""
+    if not events or any(event.type in LIFECYCLE_STATUS for event in events):
+        return None
+    return EventsPage([event_object(None, None, event) for event in events], False,
+                      events[-1].seq)
 
 
 def frame(event: dict[str, Any]) -> bytes:
@@ -127,15 +140,23 @@ async def _frames(
         if next_after is None:
             return
         after = next_after
+        heard: Sequence[LoggedEvent] = ()
         if len(page.events) < STREAM_PAGE:
-            async for keepalive in _quiet_until_more(tail, task_id, after, still_allowed):
-                if keepalive is None:
+            async for item in _quiet_until_more(tail, task_id, after, still_allowed):
+                if item is None:
                     return
-                yield keepalive
+                if isinstance(item, bytes):
+                    yield item
+                else:
+                    heard = item
         if loop.time() - checked_at >= AUTH_RECHECK_SECONDS:
             if not await still_allowed():
                 return
             checked_at = loop.time()
+        from_memory = logged_page(heard)
+        if from_memory is not None:
+            page = from_memory
+            continue
         try:
             page = await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE)
         except NotFound:  # removed while we followed it (retention, DELETE)
@@ -144,13 +165,16 @@ async def _frames(
 
 async def _quiet_until_more(
     tail: LiveTail, task_id: str, after: int, still_allowed: StillAllowed
-) -> AsyncIterator[bytes | None]:
+) -> AsyncIterator[bytes | Sequence[LoggedEvent] | None]:
     """While the log holds nothing after `after`: a keep-alive every `KEEPALIVE_SECONDS`,
-    the caller's token checked every `AUTH_RECHECK_SECONDS` (None once it is revoked)."""
+    the caller's token checked every `AUTH_RECHECK_SECONDS` (None once it is revoked);
+    last, what woke it (`LiveTail.next_events`: the events, or `()` to read the log)."""
     idle = 0.0
     while True:
         step = min(AUTH_RECHECK_SECONDS, KEEPALIVE_SECONDS)
-        if await tail.wait(task_id, after, step):
+        heard = await tail.next_events(task_id, after, step)
+        if heard is not None:
+            yield heard
             return
         if not await still_allowed():
             yield None

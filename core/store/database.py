@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, event, text
 
@@ -26,9 +26,27 @@ if TYPE_CHECKING:
 
 _WRITE_OPTION = "taskward_write"
 _HEARD_AFTER_COMMIT = "taskward_heard_after_commit"  # in `Connection.info`
-WORK_CHANNEL = "taskward_work"  # payload: none; new work is due
-# In-process only; payload: a task id whose event log grew, heard after the commit.
+_LOGGED = "taskward_logged"  # in `Connection.info` of a `write_events`: rows `logged` per task
+WORK_CHANNEL = "taskward_work"  # payload: "" (new work is due)
+# In-process only; payload: a `Logged` (a task whose event log grew), heard after the commit.
 EVENTS_CHANNEL = "taskward_events"
+
+
+class LoggedEvent(NamedTuple):
+    """An event row as the log stores it (the columns `task_events` reads give back)."""
+
+    seq: int
+    type: str
+    created_at: int
+    data: str
+
+
+class Logged(NamedTuple):
+    """A committed write's news of one task's log: its id and, when the writer told
+    (`logged`), the rows it added, in order; empty when it did not: read the log."""
+
+    task_id: str
+    events: tuple[LoggedEvent, ...]
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
@@ -39,7 +57,7 @@ class Database:
         self.engine = engine
         self.clock = clock or Clock()
         self.is_sqlite = engine.dialect.name == "sqlite"
-        self._listeners: dict[str, list[Callable[[str], None]]] = {}
+        self._listeners: dict[str, list[Callable[[Any], None]]] = {}
         self._writers = _WriterQueue(engine.url.database if self.is_sqlite else None)
         if self.is_sqlite:
             _take_over_sqlite_transactions(engine)
@@ -52,7 +70,7 @@ class Database:
         `write_events`) is heard once it HAS committed, and not at all when it fails:
         not when SQLAlchemy's `commit` event fires, which is before the commit, so a
         reader woken by it could still see the old rows and go back to sleep."""
-        heard: list[tuple[str, str]] = []
+        heard: list[tuple[str, Any]] = []
         with (self._writers.turn(),
               self.engine.connect().execution_options(**{_WRITE_OPTION: True}) as conn):
             conn.info[_HEARD_AFTER_COMMIT] = heard
@@ -66,12 +84,20 @@ class Database:
     @contextmanager
     def write_events(self, task_ids: Iterable[str]) -> Iterator[Connection]:
         """`write` for a transaction that logs events of `task_ids`: once it has
-        committed, this process's `EVENTS_CHANNEL` listeners hear each id. The live tail
-        of an API in the same process (`taskward run`) then sends the events at once
-        instead of at its next poll."""
+        committed, this process's `EVENTS_CHANNEL` listeners hear a `Logged` of each
+        id, with the rows the transaction named through `logged`. The live tail of an
+        API in the same process (`taskward run`) then sends the events at once instead
+        of at its next poll, from those rows when they are all its stream lacks."""
         with self.write() as conn:
-            yield conn
-            _heard_after_commit(conn).extend((EVENTS_CHANNEL, task_id) for task_id in task_ids)
+            rows: dict[str, list[LoggedEvent]] = {}
+            conn.info[_LOGGED] = rows
+            try:
+                yield conn
+            finally:
+                del conn.info[_LOGGED]
+            _heard_after_commit(conn).extend(
+                (EVENTS_CHANNEL, Logged(task_id, tuple(rows.get(task_id, ()))))
+                for task_id in task_ids)
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -141,18 +167,20 @@ class Database:
     def announce_committed_events(self, task_ids: Iterable[str]) -> None:
         """`write_events`' announcement for a statement that committed by itself
         (`core.store.pg_completion.complete_alone`): this process's `EVENTS_CHANNEL`
-        listeners hear each id."""
-        self._tell([(EVENTS_CHANNEL, task_id) for task_id in task_ids])
+        listeners hear a `Logged` of each id that names
+        no rows (its listeners read the log)."""
+        self._tell([(EVENTS_CHANNEL, Logged(task_id, ())) for task_id in task_ids])
 
-    def _tell(self, heard: Iterable[tuple[str, str]]) -> None:
+    def _tell(self, heard: Iterable[tuple[str, Any]]) -> None:
         """Call this process's listeners of each `(channel, payload)` announced."""
         for channel, payload in heard:
             for hear in list(self._listeners.get(channel, ())):
                 hear(payload)
 
-    def listen(self, channel: str, hear: Callable[[str], None]) -> Callable[[], None]:
+    def listen(self, channel: str, hear: Callable[[Any], None]) -> Callable[[], None]:
         """Call `hear(payload)` (cheap, thread-safe) after each announcement on `channel`
-        made through this object commits; returns the function that stops it."""
+        made through this object commits (the payload: see the channel); returns the
+        function that stops it."""
         self._listeners.setdefault(channel, []).append(hear)
         return lambda: self._listeners[channel].remove(hear)
 
@@ -160,10 +188,20 @@ class Database:
         self.engine.dispose()
 
 
-def _heard_after_commit(conn: Connection) -> list[tuple[str, str]]:
+def logged(conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
+    """Name event rows that `conn`'s `write_events` transaction inserted (every row it
+    adds to their tasks' logs from here on, or the announcement says less than it did),
+    so that its announcement carries them (`Logged`)."""
+    logs: dict[str, list[LoggedEvent]] = conn.info[_LOGGED]
+    for row in rows:
+        logs.setdefault(row["task_id"], []).append(
+            LoggedEvent(row["seq"], row["type"], row["created_at"], row["data"]))
+
+
+def _heard_after_commit(conn: Connection) -> list[tuple[str, Any]]:
     """What `conn`'s transaction will announce to this process once committed; only
     `Database.write` transactions announce."""
-    heard: list[tuple[str, str]] | None = conn.info.get(_HEARD_AFTER_COMMIT)
+    heard: list[tuple[str, Any]] | None = conn.info.get(_HEARD_AFTER_COMMIT)
     if heard is None:
         raise RuntimeError("announcements are made inside Database.write")
     return heard

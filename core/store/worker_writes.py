@@ -19,8 +19,8 @@ from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
 from core.states import OnRestart, Status
 from core.store.claims import dead_letter
-from core.store.database import Database
-from core.store.transitions import Add, Event, Held, PerRow, move
+from core.store.database import Database, logged
+from core.store.transitions import Add, Event, Held, PerRow, insert_events, move
 from core.tables import responses, tasks
 
 
@@ -92,16 +92,21 @@ def append_output(
 
     Events, snapshot and output text move together, so a resumed task continues from
     exactly what its clients have seen. `start=True` first makes the `start_running`
-    move in the same transaction (a worker that batches its first writes).
+    move in the same transaction (a worker that batches its first writes). The events
+    ride in the commit's announcement (`logged`): the streams of this process that
+    already hold everything before them send them without reading the log.
     """
     with db.write_events([task_id]) as conn:
         now = db.clock.now_ms()
         if start:
             _start(conn, now, task_id, owner)
         values = {} if snapshot_json is None else {"snapshot_json": snapshot_json}
+        rows: list[dict[str, Any]] = []
         if not move(conn, now=now, expected={Status.RUNNING}, where=Held.one(task_id, owner),
-                    to=None, events=events, values=values):
+                    to=None, events=events, values=values, event_rows=rows):
             raise fenced(conn, task_id, owner)
+        insert_events(conn, rows)
+        logged(conn, rows)
         _add_output(conn, task_id, now, text, usage)
 
 

@@ -200,7 +200,7 @@ def test_logged_events_are_heard_once_committed_and_readable(
     task_id = create(alice, model_id)
     heard: list[tuple[str, int]] = []
     unlisten = db.listen(EVENTS_CHANNEL, lambda logged: heard.append(
-        (logged, log_positions(db, [logged])[logged])))
+        (logged.task_id, log_positions(db, [logged.task_id])[logged.task_id])))
     try:
         [claim] = start_due(db)  # the claim (1 event) is not heard; the start is
         finish(db, claim)  # output (3 events), then the completion (4)
