@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, delete, select
+from sqlalchemy import BindParameter, Connection, Row, bindparam, delete, select
 
 from core.errors import Conflict, NotFound
 from core.objects import response_object
@@ -42,6 +42,16 @@ _OWN_TASK = _TASK.where(_OWNED)
 _RESPONSE = (select(*RESPONSE_COLUMNS)
              .outerjoin(responses, responses.c.task_id == tasks.c.id).where(_BY_ID))
 _OWN_RESPONSE = _RESPONSE.where(_OWNED)
+# A stream's page of events, and the per-tick reads of every stream (the live tail's
+# positions) and of the lease keeper (which held tasks a cancel has reached).
+_EVENTS = (select(task_events)
+           .where(task_events.c.task_id == bindparam("task_id"),
+                  task_events.c.seq > bindparam("after"))
+           .order_by(task_events.c.seq).limit(bindparam("limit")))
+_IDS: BindParameter[Any] = bindparam("ids", expanding=True)
+_POSITIONS = select(tasks.c.id, tasks.c.last_seq).where(tasks.c.id.in_(_IDS))
+_CANCELLING = select(tasks.c.id).where(tasks.c.id.in_(_IDS),
+                                       tasks.c.status == Status.CANCELLING.value)
 
 
 def get_task(db: Database, task_id: str, client_id: str | None) -> Row[Any]:
@@ -154,14 +164,7 @@ def task_and_events(
 def read_events(
     conn: Connection, task_id: str, *, after: int = 0, limit: int = 100
 ) -> list[Row[Any]]:
-    return list(
-        conn.execute(
-            select(task_events)
-            .where(task_events.c.task_id == task_id, task_events.c.seq > after)
-            .order_by(task_events.c.seq)
-            .limit(limit)
-        )
-    )
+    return list(conn.execute(_EVENTS, {"task_id": task_id, "after": after, "limit": limit}))
 
 
 def log_positions(db: Database, task_ids: Sequence[str]) -> dict[str, int]:
@@ -174,8 +177,8 @@ def log_positions(db: Database, task_ids: Sequence[str]) -> dict[str, int]:
     positions: dict[str, int] = {}
     with db.read() as conn:
         for start in range(0, len(task_ids), _IDS_PER_QUERY):
-            rows = conn.execute(select(tasks.c.id, tasks.c.last_seq)
-                                .where(tasks.c.id.in_(task_ids[start:start + _IDS_PER_QUERY])))
+            rows = conn.execute(_POSITIONS,
+                                {"ids": list(task_ids[start:start + _IDS_PER_QUERY])})
             positions.update((row.id, row.last_seq) for row in rows)
     return positions
 
@@ -183,5 +186,4 @@ def log_positions(db: Database, task_ids: Sequence[str]) -> dict[str, int]:
 def cancelling_among(db: Database, task_ids: Sequence[str]) -> set[str]:
     """Which of `task_ids` are `cancelling` now (one statement for all of them)."""
     with db.read() as conn:
-        return set(conn.execute(select(tasks.c.id).where(
-            tasks.c.id.in_(task_ids), tasks.c.status == Status.CANCELLING.value)).scalars())
+        return set(conn.execute(_CANCELLING, {"ids": list(task_ids)}).scalars())
