@@ -142,12 +142,14 @@ def _produce(
     snapshot: dict[str, Any] | None,
     attempt: Attempt,
 ) -> None:
-    """The engine thread: every result, including a failure, goes to the inbox."""
+    """The engine thread: every result, including a failure, goes to the inbox; chunks
+    also straight from whatever thread the engine makes them on (`emit`)."""
     try:
         loaded = engine.load(model_file)
         attempt.inbox.put(_Loaded())
-        for chunk in loaded.generate(request, snapshot, attempt.should_stop):
-            attempt.inbox.put_chunk(chunk)
+        put_chunk = attempt.inbox.put_chunk
+        for chunk in loaded.generate(request, snapshot, attempt.should_stop, put_chunk):
+            put_chunk(chunk)
         attempt.inbox.put(_Ended())
     except BaseException as exc:  # handed to the runner, which decides
         attempt.inbox.put(_Raised(exc))

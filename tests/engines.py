@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 from core.engines.base import (
     Chunk,
+    Emit,
     EngineError,
     EngineOptions,
     GenerationRequest,
@@ -42,6 +43,7 @@ class WordsModel:
         request: GenerationRequest,
         snapshot: Snapshot | None,
         should_stop: Callable[[], bool],
+        emit: Emit | None = None,
     ) -> Iterator[Chunk]:
         options = parse_directives(request.messages[-1]["content"])
         words = int(options.get("words", "5"))

@@ -110,16 +110,24 @@ class EngineError(Exception):
         self.retry_after_seconds = retry_after_seconds
 
 
+Emit = Callable[[Chunk], None]
+
+
 class LoadedModel(Protocol):
     def generate(
         self,
         request: GenerationRequest,
         snapshot: Snapshot | None,
         should_stop: Callable[[], bool],
+        emit: Emit | None = None,
     ) -> Iterator[Chunk]:
         """Yield chunks until end of generation, the token limit or `should_stop()`.
 
         Blocking; the worker runs it in a thread. `should_stop` is polled between tokens.
+        `emit`, when given, may take chunks instead of the iterator, called from any
+        thread (the upstream engine's network loop, sparing its thread a wake-up per
+        read): in order with the yielded ones, and never after `generate` returns.
+        An engine producing on the calling thread ignores it.
         """
         ...
 

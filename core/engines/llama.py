@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 from core.engines.base import (
     Chunk,
+    Emit,
     EngineError,
     EngineOptions,
     GenerationRequest,
@@ -116,6 +117,7 @@ class LlamaLoadedModel:
         request: GenerationRequest,
         snapshot: Snapshot | None,
         should_stop: Callable[[], bool],
+        emit: Emit | None = None,
     ) -> Iterator[Chunk]:
         """Yield UTF-8-complete pieces, each with the snapshot and usage right after it.
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from freezegun import freeze_time
 
-from core.engines.base import Chunk, EngineOptions, GenerationRequest, ModelSource
+from core.engines.base import Chunk, Emit, EngineOptions, GenerationRequest, ModelSource
 from core.engines.registry import register_engine
 from core.models_registry import register
 from core.settings import Settings
@@ -149,7 +149,7 @@ def test_a_retryable_failure_of_the_last_attempt_dead_letters_the_task(
 
 class _BrokenModel:
     def generate(self, request: GenerationRequest, snapshot: object,
-                 should_stop: Callable[[], bool]) -> Iterator[Chunk]:
+                 should_stop: Callable[[], bool], emit: Emit | None = None) -> Iterator[Chunk]:
         raise ValueError(f"cannot handle {request.messages[-1]['content']}")
 
 

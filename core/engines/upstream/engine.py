@@ -9,12 +9,18 @@ ones are backed off by the worker, `Retry-After` or the cool-down as the floor).
 
 The snapshot is `{"v", "text", "output_tokens", "input_tokens"}`: the text generated so
 far (all attempts of the task), the tokens it took, and the original prompt's size.
+
+Each network read becomes its chunk on the transport's loop thread (`_Relay`), which
+hands it straight to the attempt's inbox (`emit`): the engine thread is not woken per
+read only to parse and forward, it waits for what ends the request (the end, a
+status, an error, a stop) and decides what follows (fail over, or finish).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +29,7 @@ import httpx
 
 from core.engines.base import (
     Chunk,
+    Emit,
     EngineError,
     EngineOptions,
     GenerationRequest,
@@ -83,6 +90,83 @@ class _Progress:
                      Usage(self.input_tokens, self.output_tokens))
 
 
+class _Read:
+    """One request's output as its reads arrive: text past the echo, token counts, and
+    whether the server said it finished."""
+
+    def __init__(self, progress: _Progress, url: str) -> None:
+        self.progress = progress
+        self.url = url
+        self.echo = protocol.EchoStrip(progress.text)
+        self.earlier_tokens = progress.output_tokens
+        self.finished = False
+
+    def absorb(self, payloads: list[Any]) -> tuple[Chunk | None, EngineError | None]:
+        """One read's payloads: the chunk they make (None: nothing to tell), and the
+        error of an in-stream error object or a malformed payload, which ends the read
+        after what came before it."""
+        progress = self.progress
+        text, counted, error = "", False, None
+        for payload in payloads:
+            try:
+                piece = protocol.parse_chunk(payload, self.url)
+            except EngineError as exc:
+                error = exc
+                break
+            if piece.prompt_tokens is not None and not self.earlier_tokens:
+                progress.input_tokens = piece.prompt_tokens
+            if piece.completion_tokens is not None:
+                progress.output_tokens = self.earlier_tokens + piece.completion_tokens
+                counted = True
+            elif piece.text:
+                progress.output_tokens += 1  # most servers stream one token per delta
+            text += self.echo.push(piece.text)
+            if piece.finished:
+                text += self.echo.flush()
+                self.finished = True
+        progress.text += text
+        return (progress.chunk(text) if text or counted else None), error
+
+
+_STOPPED = object()  # the relay found `should_stop` true after a read
+
+
+class _Relay:
+    """The transport loop's side of one request (its `Into`): each read's chunk made on
+    that thread and handed to `emit`, or without one to the engine thread through
+    `control`, which also gets whatever ends the request. Under a lock, so once `close`
+    returns nothing more is handed on and `read` is the engine thread's again."""
+
+    def __init__(
+        self, read: _Read, emit: Emit | None, control: queue.SimpleQueue[Any],
+        should_stop: Callable[[], bool],
+    ) -> None:
+        self._read = read
+        self._emit = emit or control.put
+        self._control = control
+        self._should_stop = should_stop
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def put(self, item: Any) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if not isinstance(item, list):  # END, a status, a transport failure
+                self._control.put(item)
+                return
+            chunk, error = self._read.absorb(item)
+            if chunk is not None:
+                self._emit(chunk)
+            if error is not None or self._should_stop():
+                self._closed = True
+                self._control.put(_STOPPED if error is None else error)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+
 class _Failover(Exception):
     """A retryable failure on one URL: try the next one with what was streamed so far."""
 
@@ -99,7 +183,7 @@ class UpstreamLoaded:
 
     def generate(
         self, request: GenerationRequest, snapshot: Snapshot | None,
-        should_stop: Callable[[], bool],
+        should_stop: Callable[[], bool], emit: Emit | None = None,
     ) -> Iterator[Chunk]:
         progress = _Progress.of(snapshot)
         headers = self._headers()
@@ -112,7 +196,8 @@ class UpstreamLoaded:
             tried.add(url)
             try:
                 with self._router.using(url):
-                    yield from self._stream(url, headers, request, progress, should_stop)
+                    yield from self._stream(url, headers, request, progress, should_stop,
+                                            emit)
                 return
             except _Failover as failover:
                 last = failover.error
@@ -137,10 +222,10 @@ class UpstreamLoaded:
 
     def _stream(
         self, url: str, headers: dict[str, str], request: GenerationRequest,
-        progress: _Progress, should_stop: Callable[[], bool],
+        progress: _Progress, should_stop: Callable[[], bool], emit: Emit | None,
     ) -> Iterator[Chunk]:
-        """One request to `url`, its deltas yielded as chunks; `_Failover` when the next
-        URL should take over, `EngineError` when no URL would do better."""
+        """One request to `url`, its deltas as chunks (to `emit` if given); `_Failover`
+        when the next URL should take over, `EngineError` when no URL would do better."""
         try:
             check_allowed(url, self._options.upstream_allowed_hosts)
         except UrlRefused as exc:
@@ -151,76 +236,54 @@ class UpstreamLoaded:
             return
         body = protocol.chat_body(self._entry.model, request, prefix=progress.text,
                                   max_tokens=left)
-        echo = protocol.EchoStrip(progress.text)
-        earlier_tokens = progress.output_tokens
-        finished = False
-        for pieces in self._pieces(url, body, headers, should_stop):
-            text, counted = "", False
-            for piece in pieces:
-                if piece.prompt_tokens is not None and not earlier_tokens:
-                    progress.input_tokens = piece.prompt_tokens
-                if piece.completion_tokens is not None:
-                    progress.output_tokens = earlier_tokens + piece.completion_tokens
-                    counted = True
-                elif piece.text:
-                    progress.output_tokens += 1  # most servers stream one token per delta
-                text += echo.push(piece.text)
-                if piece.finished:
-                    text += echo.flush()
-                    finished = True
-            progress.text += text
-            if text or counted:
-                yield progress.chunk(text)
+        read = _Read(progress, url)
+        yield from self._request(url, body, headers, read, should_stop, emit)
         if should_stop():
             return
-        if not finished:
-            held = echo.flush()
-            if held:
+        if not read.finished:
+            held = read.echo.flush()
+            if held:  # yielded: every chunk the relay handed on came before
                 progress.text += held
                 yield progress.chunk(held)
             self._router.failed(self._entry.model_id, url, protocol.STREAM_BROKEN,
                                 cooldown_seconds=0)
             raise _Failover(protocol.stream_broken(url))
 
-    def _pieces(
-        self, url: str, body: dict[str, Any], headers: dict[str, str],
-        should_stop: Callable[[], bool],
-    ) -> Iterator[list[protocol.Piece]]:
-        """The parsed chunks of one request, a list per network read (one chunk for
-        the whole list: a wake-up and a snapshot per read, not per token), until the
-        stream ends or `should_stop`; leaving early (either way) closes the connection
-        at once. What a read brought before an error is yielded before the error."""
-        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    def _request(
+        self, url: str, body: dict[str, Any], headers: dict[str, str], read: _Read,
+        should_stop: Callable[[], bool], emit: Emit | None,
+    ) -> Iterator[Chunk]:
+        """One request's chunks, one per network read (a wake-up and a snapshot per
+        read, not per token), made by its `_Relay` and handed to `emit`, or yielded
+        here without one; until the stream ends or `should_stop`. Leaving early (either
+        way) closes the connection at once. What a read brought before an error comes
+        before the error."""
+        control: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        relay = _Relay(read, emit, control, should_stop)
         seconds = self._entry.timeout_seconds
         timeout = httpx.Timeout(seconds, connect=min(seconds, _CONNECT_SECONDS))
-        stream = transport.open_stream(f"{url}/chat/completions", body, headers, timeout, inbox,
+        stream = transport.open_stream(f"{url}/chat/completions", body, headers, timeout, relay,
                                        max_connections=self._options.upstream_concurrency)
         try:
             while True:
                 try:
-                    item = inbox.get(timeout=_POLL_SECONDS)
+                    item = control.get(timeout=_POLL_SECONDS)
                 except queue.Empty:
                     if should_stop():
                         return
                     continue
-                if item is transport.END:
+                if item is transport.END or item is _STOPPED:
                     return
-                if isinstance(item, transport.Status):
+                if isinstance(item, Chunk):
+                    yield item
+                elif isinstance(item, transport.Status):
                     self._refused(url, protocol.status_error(url, item.code, item.retry_after))
-                if isinstance(item, BaseException):
+                elif isinstance(item, EngineError):
+                    self._refused(url, item)
+                else:
                     self._broken(url, item)
-                pieces: list[protocol.Piece] = []
-                for payload in item:
-                    try:
-                        pieces.append(protocol.parse_chunk(payload, url))
-                    except EngineError as error:
-                        if pieces:
-                            yield pieces
-                        self._refused(url, error)
-                yield pieces
-                if should_stop():
-                    return
         finally:
+            relay.close()
             stream.cancel()
 
     def _refused(self, url: str, error: EngineError) -> None:

@@ -3,13 +3,14 @@
 Engine threads are blocking, but an upstream stream must close the moment a cancel or a
 lost lease says so, also while the server is silent (a long prompt, a full queue): a
 blocking read cannot be interrupted from another thread, an asyncio task can. So each
-request runs as a task on this loop and hands its lines to the engine thread through a
-queue; cancelling the task closes the connection, and the server frees its slot.
+request runs as a task on this loop and hands its lines on (`Into`: to the engine's
+relay, which makes them chunks on this thread); cancelling the task closes the
+connection, and the server frees its slot.
 
 A streamed token costs this loop one network read, so the read path is kept short: the
 body is split into lines as bytes (no text decoding of what is not a `data:` line),
-every payload of one read goes to the engine thread as one batch (one wake-up, however
-many tokens the read brought), and the loop is uvloop where installed, as the API's is.
+every payload of one read is handed on as one batch (one chunk, however many tokens
+the read brought), and the loop is uvloop where installed, as the API's is.
 
 One pooled `httpx.AsyncClient` per process (re-created after a fork), redirects never
 followed: a redirect could send the request, and its key, to a host nobody allowed.
@@ -20,12 +21,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
 import threading
 from collections.abc import Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -42,6 +42,14 @@ class Status:
 
 
 END = object()  # the stream is over (after [DONE], or the connection ended)
+
+
+class Into(Protocol):
+    """Where a stream's items go, called on this loop's thread (a `queue.SimpleQueue`,
+    or the engine's relay, which turns each read into a chunk right here)."""
+
+    def put(self, item: Any) -> None: ...
+
 _DONE = b"[DONE]"
 _LINE_ENDS = (b"\n", b"\r")
 
@@ -84,7 +92,7 @@ def _shared(max_connections: int) -> _Transport:
 
 def open_stream(
     url: str, body: dict[str, Any], headers: dict[str, str], timeout: httpx.Timeout,
-    into: queue.SimpleQueue[Any], *, max_connections: int,
+    into: Into, *, max_connections: int,
 ) -> Future[Any]:
     """POST `body` to `url` with `stream: true` and put into `into`, in order: a `Status`
     (then END) for a non-200 answer, else lists of the `data:` payloads parsed as JSON
@@ -97,7 +105,7 @@ def open_stream(
 
 async def _pump(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
-    timeout: httpx.Timeout, into: queue.SimpleQueue[Any],
+    timeout: httpx.Timeout, into: Into,
 ) -> None:
     batch: list[Any] = []
     try:

@@ -1,0 +1,169 @@
+"""Each network read made into its chunk on the transport's loop thread and handed to
+`emit` (the attempt's inbox), or yielded by `generate` without one: the same chunks in
+the same order either way, what a read brought before an error first, and nothing once
+`generate` has returned."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from core.engines.base import Chunk, EngineError, EngineOptions, GenerationRequest, UpstreamModel
+from core.engines.upstream.engine import OpenAIEngine
+from core.engines.upstream.routing import Router
+
+REQUEST = GenerationRequest([{"role": "user", "content": "count"}], max_output_tokens=16)
+
+
+def delta(text: str, finish: str | None = None) -> bytes:
+    chunk = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+    return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}\n\n'
+
+
+class Scripted:
+    """A one-route HTTP/1.1 server streaming `reads` (each written, then a pause, so each
+    is one network read) as a chunked SSE body, on a loop thread of its own."""
+
+    def __init__(self, reads: list[bytes], pause: float = 0.05) -> None:
+        self.reads = reads
+        self.pause = pause
+        self.closed = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.port = 0
+
+        async def serve() -> None:
+            server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+            self.port = server.sockets[0].getsockname()[1]
+            started.set()
+            async with server:
+                await server.serve_forever()
+
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._serving = asyncio.run_coroutine_threadsafe(serve(), self._loop)
+        started.wait(5)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n")
+            for data in self.reads:
+                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                await writer.drain()
+                await asyncio.sleep(self.pause)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            self.closed.set()
+
+    def stop(self) -> None:
+        async def shut() -> None:
+            self._serving.cancel()
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., Scripted]]:
+    servers: list[Scripted] = []
+
+    def make(reads: list[bytes], pause: float = 0.05) -> Scripted:
+        servers.append(Scripted(reads, pause))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def generated(
+    server: Scripted, *, emit: bool, should_stop: Callable[[], bool] = lambda: False,
+) -> tuple[list[Chunk], list[tuple[Chunk, str]], list[tuple[Chunk, str]]]:
+    """What `generate` yielded, what it emitted (with the thread), and what was emitted
+    after it had returned (given time to come)."""
+    entry = UpstreamModel("m", (server.base_url,), "smollm2", None, 8, 10)
+    loaded = OpenAIEngine(EngineOptions(), Router()).load(entry)
+    emitted: list[tuple[Chunk, str]] = []
+
+    def collect(chunk: Chunk) -> None:
+        emitted.append((chunk, threading.current_thread().name))
+
+    yielded = list(loaded.generate(REQUEST, None, should_stop, collect if emit else None))
+    returned = len(emitted)
+    time.sleep(0.3)
+    return yielded, emitted[:returned], emitted[returned:]
+
+
+def test_reads_are_emitted_from_the_network_thread_in_order(
+    scripted: Callable[..., Scripted]
+) -> None:
+    server = scripted([delta("One"), delta(", two") + delta(", three"), delta("", "stop"), USAGE,
+                       b"data: [DONE]\n\n"])
+    yielded, emitted, late = generated(server, emit=True)
+    assert yielded == [] and late == []
+    assert [chunk.text for chunk, _ in emitted] == ["One", ", two, three", ""]
+    assert {thread for _, thread in emitted} == {"upstream-http"}
+    last = emitted[-1][0]
+    assert last.snapshot["text"] == "One, two, three"
+    assert (last.usage.input_tokens, last.usage.output_tokens) == (5, 3)
+
+
+def test_without_emit_the_same_chunks_are_yielded(scripted: Callable[..., Scripted]) -> None:
+    reads = [delta("One"), delta(", two") + delta(", three"), delta("", "stop"), USAGE,
+             b"data: [DONE]\n\n"]
+    emitted = [chunk for chunk, _ in generated(scripted(reads), emit=True)[1]]
+    yielded, none, _ = generated(scripted(reads), emit=False)
+    assert yielded == emitted and none == []
+
+
+def test_what_a_read_brought_before_an_in_stream_error_comes_first(
+    scripted: Callable[..., Scripted]
+) -> None:
+    refusal = b'data: {"error": {"code": 400, "message": "no"}}\n\n'
+    server = scripted([delta("One"), delta(", two") + refusal + delta(", three")])
+    entry = UpstreamModel("m", (server.base_url,), "smollm2", None, 8, 10)
+    loaded = OpenAIEngine(EngineOptions(), Router()).load(entry)
+    emitted: list[str] = []
+    with pytest.raises(EngineError) as raised:
+        list(loaded.generate(REQUEST, None, lambda: False, lambda chunk: emitted.append(
+            chunk.text)))
+    assert raised.value.code == "upstream_rejected"
+    assert emitted == ["One", ", two"]
+
+
+def test_a_stop_ends_the_request_and_nothing_is_emitted_after_it(
+    scripted: Callable[..., Scripted]
+) -> None:
+    server = scripted([delta(f" {n}") for n in range(40)] + [b"data: [DONE]\n\n"], pause=0.02)
+    started = time.monotonic()
+    stop_at = started + 0.15
+    yielded, emitted, late = generated(server, emit=True,
+                                       should_stop=lambda: time.monotonic() >= stop_at)
+    assert yielded == [] and late == []
+    assert 0 < len(emitted) < 40
+    assert server.closed.wait(2)  # the connection was closed, not read to its end
+    assert time.monotonic() - started < 0.15 + 0.3 + 0.5
