@@ -1,0 +1,179 @@
+"""taskward's CPU and wake-ups per streamed token in front of a fixed-rate stand-in for
+llama-server, so that the figure does not move with the machine's load.
+
+Run from the repository root: `.venv/bin/python -m bench.upstream_cpu` (options:
+`--rounds 3`, `--streams 8`, `--tokens 128`, `--rate 40`, `--slots 4`). About 30 s.
+
+The stand-in (an asyncio server on a thread of this process) streams llama-server's
+Chat Completions chunk shapes (one `data:` event per token, then the finish, the usage
+and `[DONE]`) at `--rate` tokens/s per request, serving `--slots` requests at once and
+queueing the rest, as `llama-server --parallel 4` does. A `taskward run` on SQLite
+(an upstream entry with `max_concurrency` 8) takes `--streams` `POST /v1/responses`
+streams (`background: false, stream: true`, read to the end as `bench.upstream` reads
+them) per round. Printed: the CPU time (user + system) and the voluntary context
+switches of every thread of the `taskward run` process group, from /proc, per
+generated token over the rounds. A thread that ends during the rounds (an attempt's
+engine thread) takes its switches with it, so the switches are sampled every 0.2 s
+and summed per thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.upstream import MODEL, round_of, through_taskward
+from tests.scheduler.processes import Children, run_command, run_json
+from tests.service.running import Runs, run_env
+
+
+def _event(payload: dict[str, object]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _delta(text: str | None, finish: str | None = None) -> bytes:
+    return _event({"choices": [{"finish_reason": finish, "index": 0,
+                                "delta": {} if text is None else {"content": text}}],
+                   "created": 1764600000, "id": "chatcmpl-bench", "model": "smollm2",
+                   "system_fingerprint": "b1-bench", "object": "chat.completion.chunk"})
+
+
+class StandIn:
+    """Chat Completions streams at a fixed rate per request, `slots` at a time."""
+
+    def __init__(self, rate: float, slots: int) -> None:
+        self._pause = 1 / rate
+        self._slots = slots
+        self.port = 0
+        ready = threading.Event()
+        threading.Thread(target=asyncio.run, args=(self._serve(ready),), daemon=True).start()
+        ready.wait(10)
+
+    async def _serve(self, ready: threading.Event) -> None:
+        self._free = asyncio.Semaphore(self._slots)
+        server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        ready.set()
+        await server.serve_forever()
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:  # keep-alive: one request after another
+                await self._answer(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        tokens = int(json.loads(await reader.readexactly(length)).get("max_tokens") or 16)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+
+        def send(data: bytes) -> None:
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+        async with self._free:
+            for _ in range(tokens):
+                send(_delta(" word"))
+                await writer.drain()
+                await asyncio.sleep(self._pause)
+            send(_delta(None, "length"))
+            send(_event({"choices": [], "usage": {"prompt_tokens": 20,
+                                                  "completion_tokens": tokens}}))
+            send(b"data: [DONE]\n\n")
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+
+def _thread_counters(group: int) -> dict[str, tuple[int, int]]:
+    """CPU ticks and voluntary switches of every live thread of process group `group`."""
+    counters: dict[str, tuple[int, int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != group:
+                continue
+            for thread in (stat.parent / "task").iterdir():
+                fields = (thread / "stat").read_text().rsplit(")", 1)[1].split()
+                status = (thread / "status").read_text()
+                switches = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+                counters[f"{stat.parent.name}/{thread.name}"] = (
+                    int(fields[11]) + int(fields[12]), switches)
+        except (OSError, IndexError):  # ended while we looked
+            continue
+    return counters
+
+
+class Sampler:
+    """The group's counters sampled every 0.2 s, so ended threads still count."""
+
+    def __init__(self, group: int) -> None:
+        self._group = group
+        self._first = _thread_counters(group)
+        self._last = dict(self._first)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._last.update(_thread_counters(self._group))
+
+    def totals(self) -> tuple[float, int]:
+        """CPU seconds and voluntary switches since the start."""
+        self._stop.set()
+        self._thread.join()
+        self._last.update(_thread_counters(self._group))
+        ticks = sum(cpu - self._first.get(key, (0, 0))[0] for key, (cpu, _) in self._last.items())
+        switches = sum(count - self._first.get(key, (0, 0))[1]
+                       for key, (_, count) in self._last.items())
+        return ticks / os.sysconf("SC_CLK_TCK"), switches
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rate", type=float, default=40.0)
+    parser.add_argument("--slots", type=int, default=4)
+    args = parser.parse_args()
+    upstream = StandIn(args.rate, args.slots)
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        children = Children(root / "logs")
+        try:
+            env = run_env(root, worker_concurrency=1, drain_seconds=1)
+            assert run_command(env, "migrate").returncode == 0
+            run_json(env, "models", "add-upstream", MODEL, "--base-url",
+                     f"http://127.0.0.1:{upstream.port}/v1", "--upstream-model", "smollm2",
+                     "--max-concurrency", "8")
+            running = Runs(children).start(env)
+            one = through_taskward(running.base_url, running.pair(), args.tokens)
+            round_of(one, 1)  # warm-up: connections, the first claim
+            sampler, started = Sampler(running.process.pid), time.perf_counter()
+            for _ in range(args.rounds):
+                round_of(one, args.streams)
+            seconds = time.perf_counter() - started
+            cpu, switches = sampler.totals()
+        finally:
+            children.kill_all()
+    tokens = args.rounds * args.streams * args.tokens
+    print(f"taskward at {args.streams} streams, {args.rate:.0f} tokens/s per slot: "
+          f"{cpu * 1000 / tokens:.3f} CPU-ms and {switches / tokens:.2f} voluntary switches "
+          f"per token ({cpu:.2f} CPU-s, {switches} switches, {tokens} tokens in {seconds:.1f} s; "
+          f"load average {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()
