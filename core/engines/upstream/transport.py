@@ -42,6 +42,8 @@ class Status:
 
 
 END = object()  # the stream is over (after [DONE], or the connection ended)
+_DONE = b"[DONE]"
+_LINE_ENDS = (b"\n", b"\r")
 
 
 class Into(Protocol):
@@ -49,9 +51,6 @@ class Into(Protocol):
     or the engine's relay, which turns each read into a chunk right here)."""
 
     def put(self, item: Any) -> None: ...
-
-_DONE = b"[DONE]"
-_LINE_ENDS = (b"\n", b"\r")
 
 
 class _Transport:
