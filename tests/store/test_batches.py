@@ -15,7 +15,7 @@ from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
 from core.states import Status
 from core.store import claims, completion, driver, pg_completion, tasks, worker_writes
-from core.store.database import EVENTS_CHANNEL, Database
+from core.store.database import EVENTS_CHANNEL, Database, Logged
 from core.store.transitions import Add, Event, Held, IfNull, Locked, move
 from core.tables import responses
 from core.tables import tasks as tasks_table
@@ -115,8 +115,8 @@ def test_complete_all_is_committed_when_this_process_hears_its_events(
     batch = claims.claim(db, limit=3, lease_ms=LEASE, node_id="n")
     seen: list[tuple[str, str]] = []
 
-    def hear(task_id: str) -> None:  # read on another connection: already committed
-        seen.append((task_id, task_row(db, task_id).status))
+    def hear(news: Logged) -> None:  # read on another connection: already committed
+        seen.append((news.task_id, task_row(db, news.task_id).status))
 
     stop = db.listen(EVENTS_CHANNEL, hear)
     try:
