@@ -8,6 +8,12 @@ attempt in the middle of a long generation does not hold it up). It then writes 
 completion waiting in one transaction; the others wait for its answer, and whoever
 arrives during the write joins the next group. No thread is added, and each item keeps
 its own outcome: the store fences every task of a group on its own.
+
+Each group has its own condition to wait on, made when the group starts forming: the
+end of a write wakes that group's members and one waiter of the next group (to lead
+it), not everyone. With one condition for all, every completion that arrived during a
+write woke at its end, and all but the new leader went back to sleep (0.55 wake-ups
+per task more than needed in a draining sweeper, issue 15).
 """
 
 from __future__ import annotations
@@ -52,8 +58,9 @@ class GroupWriteFailed(Exception):
 
 
 class _Ticket(Generic[T]):
-    def __init__(self, item: T) -> None:
+    def __init__(self, item: T, written: threading.Condition) -> None:
         self.item = item
+        self.written = written  # its group's: notified when that group is written
         self.done = False
         self.failure: BaseException | None = None
 
@@ -75,21 +82,21 @@ class GroupCommit(Generic[T]):
         self._quiet = quiet_seconds
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)  # the gathering leader waits here
-        self._written = threading.Condition(self._lock)  # the members wait here
+        self._forming = threading.Condition(self._lock)  # the next group's members wait here
         self._waiting: list[_Ticket[T]] = []
         self._arrived_at = 0.0  # `time.monotonic` of the latest submit
         self._leading = False  # a leader is gathering or writing
 
     def submit(self, item: T) -> None:
         """Write `item` with whatever else is waiting; raises the item's own failure."""
-        ticket = _Ticket(item)
         with self._lock:
+            ticket = _Ticket(item, self._forming)
             self._waiting.append(ticket)
             self._arrived_at = time.monotonic()
             if self._enough():  # else a gathering leader wakes at its quiet time
                 self._arrived.notify()
             while self._leading and not ticket.done:
-                self._written.wait()
+                ticket.written.wait()
             group = None if ticket.done else self._gather_group()
         if group is not None:
             self._lead(group, ticket)
@@ -101,6 +108,7 @@ class GroupCommit(Generic[T]):
         gather(self._arrived, lambda: self._arrived_at, self._enough,
                gather_seconds=self._gather, quiet_seconds=self._quiet)
         group, self._waiting = self._waiting, []
+        self._forming = threading.Condition(self._lock)  # for those arriving from now
         return group
 
     def _enough(self) -> bool:
@@ -123,4 +131,6 @@ class GroupCommit(Generic[T]):
                 for ticket, failure in zip(group, failures, strict=True):
                     ticket.done, ticket.failure = True, failure
                 self._leading = False
-                self._written.notify_all()
+                leader.written.notify_all()  # this group's members
+                if self._waiting:  # one of the next group's, to lead it
+                    self._forming.notify()
