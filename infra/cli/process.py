@@ -7,6 +7,7 @@ single machine. Each reads the same settings and exits 0 when its job is done.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -23,6 +24,15 @@ from infra.cli.context import database, domain_errors, emit, settings_or_exit
 from infra.migrate import upgrade
 
 log = logging.getLogger(__name__)
+
+# A draining sweeper's youngest collections mostly walked a batch's objects that were
+# about to go anyway (a claim's rows, attempts, completions: alive for milliseconds,
+# created by the thousand). Collected every 20,000 new objects instead of every 700,
+# most of them are freed before any collection sees them: the collector's CPU over a
+# drain of 5,000 no-op tasks per process went ~40 -> ~4 ms (issue 15). Memory held by
+# garbage cycles waits a little longer; nothing else changes.
+_SWEEPER_YOUNG_THRESHOLD = 20_000
+
 
 @click.command()
 def migrate() -> None:
@@ -80,6 +90,7 @@ def sweeper(schedule: str | None) -> None:
             running.enter_context(_stop_on_signals(stop.set))
             loop = SweeperLoop(db, settings)
             loop.start()
+        gc.set_threshold(_SWEEPER_YOUNG_THRESHOLD)
         log.info("sweeper started (node %s)", settings.node_id)
         while not stop.wait(0.5):
             pass
