@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -107,6 +109,69 @@ def test_the_quiet_window_counts_from_the_latest_arrival() -> None:
         thread.join(timeout=10)
     assert [sorted(group) for group in write.groups] == [["first", "second", "third"]]
     assert time.monotonic() - started < 1.2 * quiet + 2 * quiet  # closed one window later
+
+
+class CountingCondition(threading.Condition):
+    """A condition that counts the waits begun and the wake-ups they returned with."""
+
+    waits = 0
+    wakeups = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        CountingCondition.waits += 1
+        woken = super().wait(timeout)
+        CountingCondition.wakeups += 1
+        return woken
+
+
+def test_the_end_of_a_write_wakes_one_of_the_next_group_to_lead_it(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Completions that arrive during a write wait for it; at its end one of them wakes
+    to lead the next group and the others sleep on until that group is written: one
+    wake-up each, not one more for every waiter the end of each write woke for nothing."""
+    real = threading.Condition
+
+    def condition(lock: Any = None) -> threading.Condition:
+        """Counting for the group commit's conditions only (`threading.Event` and
+        `Thread` make conditions too)."""
+        made_there = sys._getframe(1).f_globals["__name__"] == "scheduler.group_commit"
+        return (CountingCondition if made_there else real)(lock)
+
+    monkeypatch.setattr(threading, "Condition", condition)
+    monkeypatch.setattr(CountingCondition, "waits", 0)
+    monkeypatch.setattr(CountingCondition, "wakeups", 0)
+    writing, release = threading.Event(), threading.Event()
+    groups: list[list[str]] = []
+
+    def write(items: Sequence[str]) -> list[BaseException | None]:
+        groups.append(list(items))
+        if len(groups) == 1:
+            writing.set()
+            release.wait(LONG)
+        else:  # long enough for any waiter woken at the first write's end to see it
+            time.sleep(0.2)
+        return [None] * len(items)
+
+    running = [1]  # the first group is its leader alone; then the three that wait
+    commit = GroupCommit(write, running=lambda: running[0], gather_seconds=LONG,
+                         quiet_seconds=LONG)
+    first = threading.Thread(target=commit.submit, args=("first",))
+    first.start()
+    assert writing.wait(10)
+    running[0] = 3
+    later = [threading.Thread(target=commit.submit, args=(item,)) for item in "abc"]
+    for thread in later:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while CountingCondition.waits < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert CountingCondition.waits == 3  # all three wait for the first write
+    release.set()
+    for thread in [first, *later]:
+        thread.join(timeout=10)
+    assert [sorted(group) for group in groups] == [["first"], ["a", "b", "c"]]
+    assert CountingCondition.wakeups == 3
 
 
 def test_a_failed_write_reaches_every_member_and_the_next_group_still_runs() -> None:
