@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from bench.peer_systems import processes
+from bench.pipeline_probe import summary
 from bench.throughput import TASKWARD, completed, enqueue_at_once, store
 from core.settings import Settings
 from core.store.connect import create_db_engine
@@ -53,11 +55,16 @@ def server_cpu(database: str) -> dict[int, float]:
 
 
 def measure(settings: Settings, sweepers: int, count: int, slots: int,
-            logs: Path, *, analyze: bool = False) -> tuple[float, float, float]:
+            logs: Path, *, analyze: bool = False,
+            probes: list[Path] | None = None) -> tuple[float, float, float]:
     """(CPU ms per task of all sweepers together, of their database backends (0 on
-    SQLite), tasks per second)."""
+    SQLite), tasks per second). `probes`: one file per sweeper, run as
+    `bench.pipeline_probe`, for its record of the pipeline."""
     env = environment(settings, worker_concurrency=slots)
-    commands = [([TASKWARD, "sweeper"], {**env, "TASKWARD_NODE_ID": f"cpu-{i}"})
+    commands = [([TASKWARD, "sweeper"] if probes is None else
+                 [sys.executable, "-m", "bench.pipeline_probe"],
+                 {**env, "TASKWARD_NODE_ID": f"cpu-{i}",
+                  **({} if probes is None else {"BENCH_PROBE_OUT": str(probes[i])})})
                 for i in range(sweepers)]
     db = Database(create_db_engine(settings))
     try:
@@ -92,17 +99,25 @@ def main() -> None:
     parser.add_argument("--analyze", action="store_true",
                         help="take the planner's statistics of the backlog in its enqueue's "
                              "transaction, as bench.peers' drain does")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="run the sweepers as bench.pipeline_probe and print their claim "
+                             "and group-commit sizes and times, waits and wake-ups")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="taskward-cpu-") as tmp:
         for kind in args.stores.split(","):
             logs = Path(tmp) / f"logs-{kind}"
             logs.mkdir()
+            probes = ([Path(tmp) / f"probe-{kind}-{i}.json" for i in range(args.sweepers)]
+                      if args.pipeline else None)
             with store(kind, Path(tmp)) as settings:
                 cpu_ms, server_ms, rate = measure(settings, args.sweepers, args.tasks,
-                                                  args.slots, logs, analyze=args.analyze)
+                                                  args.slots, logs, analyze=args.analyze,
+                                                  probes=probes)
             print(f"{kind:10} {args.sweepers} sweeper(s) x {args.slots} slots: "
                   f"{cpu_ms:.3f} CPU-ms per task in the sweepers, {server_ms:.3f} in the "
                   f"database server, {rate:.0f} tasks/s (wall, noisy)", flush=True)
+            for index, probe in enumerate(probes or []):
+                print(f"  sweeper {index}: {summary(probe)}", flush=True)
 
 
 if __name__ == "__main__":
