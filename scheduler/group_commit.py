@@ -12,7 +12,7 @@ its own outcome: the store fences every task of a group on its own.
 Each group has its own condition to wait on, made when the group starts forming: the
 end of a write wakes that group's members and one waiter of the next group (to lead
 it), not everyone. With one condition for all, every completion that arrived during a
-write woke at its end, and all but the new leader went back to sleep (0.55 wake-ups
+write woke at its end, and all but the new leader went back to sleep (~0.5 wake-ups
 per task more than needed in a draining sweeper, issue 15).
 """
 
