@@ -1,0 +1,91 @@
+"""How much a saturated llama-server on this box loses to another process's CPU alone.
+
+Run from the repository root: `.venv/bin/python -m bench.upstream_noise` (options:
+`--share 0.12`, `--wakeups 1000`, `--concurrency 8`, `--rounds 3`, `--tokens 128`).
+About a minute.
+
+`bench.upstream` compares llama-server called directly with the same server behind
+`taskward run`, which spends CPU per streamed token on the same 2 cores. This bench
+asks what any process spending that much would cost: direct rounds as in
+`bench.upstream` (`--parallel 4 -t 2`, greedy) alternate with and without a burner
+process that wakes `--wakeups` times a second and spins for `--share` of one core in
+all (`bench.upstream` prints taskward's share at 8 streams as CPU-s/s). The ratio of
+the two aggregate rates is the ceiling of `bench.upstream`'s ratio at that share, and
+the change in first-token p50 what that share alone adds to it: at 8 streams the
+second half of the requests waits for the first half to finish, so every percent the
+first half is slowed adds to their first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.upstream import direct, round_of
+from tests.upstream.llama import LlamaServer
+
+
+def burn(share: float, wakeups: int) -> None:
+    """Spin `share` of a core, in `wakeups` bursts a second, until killed."""
+    period = 1.0 / wakeups
+    spin = share * period
+    while True:
+        until = time.perf_counter() + spin
+        while time.perf_counter() < until:
+            pass
+        time.sleep(period - spin)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--share", type=float, default=0.12, help="of one core")
+    parser.add_argument("--wakeups", type=int, default=1000, help="bursts per second")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--burn", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.burn:
+        burn(args.share, args.wakeups)
+        return
+    rates: dict[str, list[float]] = {"alone": [], "beside the burner": []}
+    firsts: dict[str, list[float]] = {name: [] for name in rates}
+    with tempfile.TemporaryDirectory() as scratch:
+        server = LlamaServer(Path(scratch) / "llama", parallel=4, threads=2,
+                             ctx_size=4096).start()
+        try:
+            one = direct(server, args.tokens)
+            round_of(one, 1)  # warm-up: the prompt cache
+            for _ in range(args.rounds):
+                for name in rates:
+                    burner = None if name == "alone" else subprocess.Popen(
+                        [sys.executable, "-m", "bench.upstream_noise", "--burn",
+                         "--share", str(args.share), "--wakeups", str(args.wakeups)])
+                    try:
+                        rate, ttfts = round_of(one, args.concurrency)
+                    finally:
+                        if burner is not None:
+                            burner.kill()
+                            burner.wait()
+                    rates[name].append(rate)
+                    firsts[name] += ttfts
+        finally:
+            server.kill9()
+    print(f"concurrency {args.concurrency}, burner {args.share:.2f} of a core in "
+          f"{args.wakeups} wake-ups/s, {args.rounds} rounds each:")
+    for name in rates:
+        print(f"  {name:18} best {max(rates[name]):.0f} tokens/s, "
+              f"TTFT p50 {statistics.median(firsts[name]) * 1000:.0f} ms")
+    alone, beside = (max(rates[name]) for name in rates)
+    shift = (statistics.median(firsts["beside the burner"])
+             - statistics.median(firsts["alone"])) * 1000
+    print(f"ratio {beside / alone:.2f}, first-token p50 {shift:+.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
