@@ -47,6 +47,8 @@ class Logged(NamedTuple):
 
     task_id: str
     events: tuple[LoggedEvent, ...]
+
+
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
@@ -167,8 +169,7 @@ class Database:
     def announce_committed_events(self, task_ids: Iterable[str]) -> None:
         """`write_events`' announcement for a statement that committed by itself
         (`core.store.pg_completion.complete_alone`): this process's `EVENTS_CHANNEL`
-        listeners hear a `Logged` of each id that names
-        no rows (its listeners read the log)."""
+        listeners hear a `Logged` of each id that names no rows (they read the log)."""
         self._tell([(EVENTS_CHANNEL, Logged(task_id, ())) for task_id in task_ids])
 
     def _tell(self, heard: Iterable[tuple[str, Any]]) -> None:
