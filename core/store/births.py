@@ -4,7 +4,7 @@
 retry) and schedule firing create tasks through `insert_tasks`: the models checked, the
 task rows with their response rows and `response.created` events, each due task placed
 in the fair line. PostgreSQL does it in one statement (`core.store.pg_births`), which
-commits by itself where the births are the whole transaction (`insert_tasks_alone`, and
+commits by itself where the births are the whole transaction (`insert_rows_alone`, and
 `insert_rows_alone_async` on the API's event loop); SQLite through the driver's own
 prepared statements (`core.store.sqlite_births`).
 """
@@ -92,15 +92,6 @@ def insert_tasks(
     if announce and inserted:
         db.announce_work(conn, notified=db.data_modifying_ctes)
     return _births(rows, inserted)
-
-
-def insert_tasks_alone(db: Database, news: Sequence[NewTask]) -> list[SimpleNamespace | None]:
-    """`insert_tasks(…, announce=True)` as a transaction of its own, committed when it
-    returns; only where one statement creates tasks (`Database.data_modifying_ctes`).
-    `task_rows` then `insert_rows_alone`, for a caller with nothing else to write."""
-    now = db.clock.now_ms()
-    rows = task_rows(news, now)
-    return _births(rows, insert_rows_alone(db, rows, now))
 
 
 def task_rows(news: Sequence[NewTask], now: int) -> list[dict[str, Any]]:

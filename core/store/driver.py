@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql import ClauseElement
 
 
@@ -88,5 +88,10 @@ def _sqlalchemy_errors(dialect: Dialect) -> Iterator[None]:
     try:
         yield
     except dialect.loaded_dbapi.Error as exc:
-        raise DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error,
-                                  hide_parameters=True, dialect=dialect) from exc
+        raise sqlalchemy_error(exc, dialect) from exc
+
+
+def sqlalchemy_error(exc: Exception, dialect: Dialect) -> StatementError:
+    """The driver's error `exc` as SQLAlchemy raises it, its parameters left out."""
+    return DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error,
+                               hide_parameters=True, dialect=dialect)

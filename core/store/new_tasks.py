@@ -36,6 +36,8 @@ from core.store.pg_async import AutocommitConnections
 from core.store.tasks import current_response, response_in, task_in
 from core.tables import IS_ACTIVE, idempotency_keys, responses, task_events, tasks
 
+DEFAULT_IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000  # `TASKWARD_IDEMPOTENCY_TTL_HOURS`' default
+
 
 @dataclass(frozen=True)
 class Enqueued:
@@ -70,7 +72,7 @@ def enqueue(
     new: NewTask,
     *,
     idempotency: IdempotencyClaim | None = None,
-    idempotency_ttl_ms: int = 24 * 3600 * 1000,
+    idempotency_ttl_ms: int = DEFAULT_IDEMPOTENCY_TTL_MS,
 ) -> Enqueued:
     """Persist task, response row, `response.created` and the idempotency record at once.
 
@@ -126,7 +128,7 @@ def enqueue_many(
     db: Database,
     batch: Sequence[tuple[NewTask, IdempotencyClaim | None]],
     *,
-    idempotency_ttl_ms: int = 24 * 3600 * 1000,
+    idempotency_ttl_ms: int = DEFAULT_IDEMPOTENCY_TTL_MS,
 ) -> list[Enqueued | None]:
     """`enqueue` for several requests in ONE transaction: group commit.
 
@@ -163,7 +165,7 @@ async def enqueue_many_async(
     connections: AutocommitConnections,
     batch: Sequence[tuple[NewTask, IdempotencyClaim | None]],
     *,
-    idempotency_ttl_ms: int = 24 * 3600 * 1000,
+    idempotency_ttl_ms: int = DEFAULT_IDEMPOTENCY_TTL_MS,
 ) -> list[Enqueued | None]:
     """`enqueue_many` for a batch `births_alone` admits, on the event loop
     (`core.store.pg_async`): its one statement commits by itself. A request left None

@@ -8,7 +8,7 @@ connection runs it on the loop itself, waiting for the server as the loop waits 
 socket. The connections are this object's own, in autocommit, opened when first
 needed and kept, each with its cursor, for the next statement (as many as statements
 ran at once, which the caller bounds), dropped when found broken. Driver errors come
-out as SQLAlchemy's, as from `core.store.driver`.
+out as SQLAlchemy's, as from `core.store.driver` (`sqlalchemy_error`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Dialect, make_url
-from sqlalchemy.exc import DBAPIError
 
 from core.store.database import Database
+from core.store.driver import sqlalchemy_error
 
 if TYPE_CHECKING:
     from psycopg import AsyncCursor
@@ -45,7 +45,7 @@ class AutocommitConnections:
             cursor = self._idle.pop() if self._idle else (await psycopg.AsyncConnection.connect(
                 self._conninfo, autocommit=True)).cursor()
         except psycopg.Error as exc:
-            raise self._sqlalchemy_error(exc) from exc
+            raise sqlalchemy_error(exc, self.dialect) from exc
         try:
             await cursor.execute(query, params, prepare=True)
             row = await cursor.fetchone()
@@ -54,7 +54,7 @@ class AutocommitConnections:
                 await cursor.connection.close()
             else:
                 self._idle.append(cursor)
-            raise self._sqlalchemy_error(exc) from exc
+            raise sqlalchemy_error(exc, self.dialect) from exc
         except BaseException:  # cancelled, say, mid-statement: the connection's state
             await cursor.connection.close()  # is unknown
             raise
@@ -65,9 +65,3 @@ class AutocommitConnections:
         idle, self._idle = self._idle, []
         for cursor in idle:
             await cursor.connection.close()
-
-    def _sqlalchemy_error(self, exc: Exception) -> Exception:
-        import psycopg
-
-        return DBAPIError.instance(None, None, exc, psycopg.Error, hide_parameters=True,
-                                   dialect=self.dialect)

@@ -51,14 +51,12 @@ def claim_local(
     (`core.store.line.place_due`), but asking whether any did is part of the claim:
     when none did, which is nearly always, the claim is this one statement; when one
     did, the statement claims nothing, the tasks are placed and the line is claimed."""
-    params = {"now": now, "limit": limit, "owner": owner, "lease": lease_until,
-              "node": node_id, **_DEAD}
+    params = _params(now, limit, owner, lease_until, node_id)
     rows = conn.execute(_CLAIM[True], params).all()
     if rows[0].waiting:  # their places first, as `claims.claim` does: then the line
         place_due(conn, now)
         rows = conn.execute(_CLAIM[False], params).all()
-    taken = sorted((row for row in rows if row.id is not None), key=_claim_order)
-    return taken, bool(rows[0].upstream_models)
+    return _taken(rows), bool(rows[0].upstream_models)
 
 
 def claim_alone(
@@ -73,11 +71,21 @@ def claim_alone(
     sql, constants = _driver_statement(db.engine.dialect)
     with autocommit_cursor(db.engine) as cursor:
         cursor.row_factory = namedtuple_row
-        cursor.execute(sql, {**constants, "now": now, "limit": limit, "owner": owner,
-                             "lease": lease_until, "node": node_id, **_DEAD})
+        cursor.execute(sql, {**constants, **_params(now, limit, owner, lease_until, node_id)})
         rows = cursor.fetchall()
-    taken = sorted((row for row in rows if row.id is not None), key=_claim_order)
-    return taken, bool(rows[0].waiting), bool(rows[0].upstream_models)
+    return _taken(rows), bool(rows[0].waiting), bool(rows[0].upstream_models)
+
+
+def _params(now: int, limit: int, owner: str, lease_until: int, node_id: str) -> dict[str, Any]:
+    """The claim statement's parameters (`_PARAMETERS`)."""
+    return {"now": now, "limit": limit, "owner": owner, "lease": lease_until,
+            "node": node_id, **_DEAD}
+
+
+def _taken(rows: Any) -> list[Any]:
+    """The rows the claim statement took (its one row with the flags has no task when
+    it took none), in `_claim_order`."""
+    return sorted((row for row in rows if row.id is not None), key=_claim_order)
 
 
 def model_entries(rows: list[Any]) -> dict[str, ModelEntry | None]:

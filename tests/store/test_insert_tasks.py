@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import DataError, OperationalError
 
 from core.errors import InvalidInput
-from core.store.births import NewTask, insert_task, insert_tasks, insert_tasks_alone
+from core.store.births import (
+    NewTask,
+    insert_rows_alone,
+    insert_task,
+    insert_tasks,
+    task_rows,
+)
 from core.store.database import WORK_CHANNEL, Database
 from core.store.line import places
 from core.store.pg_async import AutocommitConnections
@@ -142,7 +149,17 @@ def test_a_batch_takes_the_places_in_line_that_line_places_gives(
 
 
 # PostgreSQL alone: a batch that is only births commits its one statement by itself
-# (`core.store.births.insert_tasks_alone`, `core.store.driver.autocommit_cursor`).
+# (`core.store.births.insert_rows_alone`, `core.store.driver.autocommit_cursor`), as
+# `core.store.new_tasks` runs it: the rows made first, then the statement.
+def births_alone(db: Database, news: list[NewTask]) -> list[SimpleNamespace | None]:
+    """Each request's task as born alone (its id and line place), None if not inserted."""
+    now = db.clock.now_ms()
+    rows = task_rows(news, now)
+    inserted = insert_rows_alone(db, rows, now)
+    return [SimpleNamespace(id=row["id"], vtime=row["vtime"]) if row["id"] in inserted
+            else None for row in rows]
+
+
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_births_alone_write_what_a_transaction_writes_and_are_committed_on_return(
     db: Database, model_id: str
@@ -158,7 +175,7 @@ def test_births_alone_write_what_a_transaction_writes_and_are_committed_on_retur
     heard: list[str] = []
     stop = db.listen(WORK_CHANNEL, heard.append)
     try:
-        answers = insert_tasks_alone(db, batch)
+        answers = births_alone(db, batch)
     finally:
         stop()
     assert [answer is None for answer in answers] == [False, True, False, True, False]
@@ -179,11 +196,11 @@ def test_births_alone_refuse_as_sqlalchemy_does_and_store_nothing(
     db: Database, model_id: str
 ) -> None:
     with pytest.raises(InvalidInput) as unknown:
-        insert_tasks_alone(db, [request(model_id, 1), request("no-such-model", 2)])
+        births_alone(db, [request(model_id, 1), request("no-such-model", 2)])
     assert unknown.value.code == "model_not_found"
     nul = request(model_id, 7, dedupe_key="key\x00")  # PostgreSQL stores no NUL
     with pytest.raises(DataError) as refused:
-        insert_tasks_alone(db, [nul])
+        births_alone(db, [nul])
     assert "words=7" not in str(refused.value)
     assert counts(db) == (0, 0, 0)
 
@@ -196,15 +213,15 @@ def test_births_alone_drop_a_lost_connection_and_the_next_one_works(
     connection leaves the pool rather than failing the next request too."""
     with db.engine.connect(), db.engine.connect():  # the pool holds two connections
         pass
-    assert insert_tasks_alone(db, [request(model_id, 0)])[0] is not None
+    assert births_alone(db, [request(model_id, 0)])[0] is not None
     with db.engine.connect() as other:  # every other backend of this database ends
         other.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                            "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
         other.commit()
         # `other` held: the pool's one idle connection is the dead one
         with pytest.raises(OperationalError):
-            insert_tasks_alone(db, [request(model_id, 1)])
-        assert insert_tasks_alone(db, [request(model_id, 2)])[0] is not None
+            births_alone(db, [request(model_id, 1)])
+        assert births_alone(db, [request(model_id, 2)])[0] is not None
     assert counts(db) == (2, 2, 2)
 
 
