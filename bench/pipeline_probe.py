@@ -29,24 +29,38 @@ from typing import Any
 import scheduler.group_commit as group_commit
 import scheduler.workers as workers
 
+_TICKS = os.sysconf("SC_CLK_TCK")
 RECORD: dict[str, Any] = {"claims": [], "slot_waits": [], "gathers": [], "writes": [],
                           "collector": [0.0, 0], "wakeups": 0, "submits": 0}
 
 
-def switches() -> tuple[int, int]:
-    """(voluntary, involuntary) context switches of this process's live threads."""
-    voluntary = involuntary = 0
+def switches() -> dict[str, list[float]]:
+    """(voluntary, involuntary) context switches and CPU seconds of this process's live
+    threads, by kind of thread (runner, engine, claimer, ...: the Python name without
+    its number)."""
+    kinds = {thread.native_id: _kind(thread.name) for thread in threading.enumerate()}
+    counts: dict[str, list[float]] = {}
     for task in Path("/proc/self/task").iterdir():
         try:
             status = (task / "status").read_text()
+            stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # the thread ended meanwhile
             continue
+        count = counts.setdefault(kinds.get(int(task.name), "other"), [0, 0, 0.0])
+        count[2] += (int(stat[11]) + int(stat[12])) / _TICKS
         for line in status.splitlines():
             if line.startswith("voluntary_ctxt_switches"):
-                voluntary += int(line.split()[1])
+                count[0] += int(line.split()[1])
             elif line.startswith("nonvoluntary_ctxt_switches"):
-                involuntary += int(line.split()[1])
-    return voluntary, involuntary
+                count[1] += int(line.split()[1])
+    return counts
+
+
+def _kind(name: str) -> str:
+    """A thread's kind from its name: `taskward-runner_3` -> runner, `engine-…` -> engine."""
+    if name.startswith("engine-"):
+        return "engine"
+    return name.removeprefix("taskward-").split("_")[0].split(" ")[0]
 
 
 def _timed(record: list[Any], run: Callable[..., Any],
@@ -145,8 +159,16 @@ def summary(path: Path) -> str:
     def sizes(rows: list[Any]) -> str:
         return ", ".join(f"{n}: {k}" for n, k in Counter(r[2] for r in rows).most_common(4))
 
-    voluntary, involuntary = (b - a for a, b in zip(record["switches_start"],
-                                                    record["switches_end"], strict=True))
+    start_counts, end_counts = record["switches_start"], record["switches_end"]
+    by_kind = {kind: [b - a for a, b in zip(start_counts.get(kind, [0, 0, 0.0]), counts,
+                                            strict=True)]
+               for kind, counts in end_counts.items()}
+    voluntary = sum(v for v, _, _ in by_kind.values())
+    involuntary = sum(i for _, i, _ in by_kind.values())
+    kinds = ", ".join(f"{kind} {v / tasks:.2f}/{i / tasks:.2f}" for kind, (v, i, _)
+                      in sorted(by_kind.items(), key=lambda kv: -kv[1][0]) if v + i)
+    cpu = ", ".join(f"{kind} {1000 * c / tasks:.3f}" for kind, (_, _, c)
+                    in sorted(by_kind.items(), key=lambda kv: -kv[1][2]) if c)
     every = within(record["claims"])
     return (f"{tasks} tasks in {wall:.2f} s; claims {len(every)} (sizes {sizes(every)}), "
             f"median {median_ms(claims):.2f} ms wall, "
@@ -156,7 +178,8 @@ def summary(path: Path) -> str:
             f"(sizes {sizes(record['writes'])}), median {median_ms(record['writes']):.2f} ms, "
             f"writing {busy(record['writes']):.0f} %, gathering median "
             f"{median_ms(record['gathers']):.2f} ms; context switches per task "
-            f"{voluntary / tasks:.2f} voluntary, {involuntary / tasks:.2f} involuntary; "
+            f"{voluntary / tasks:.2f} voluntary, {involuntary / tasks:.2f} involuntary ({kinds}); "
+            f"CPU-ms per task by thread ({cpu}); "
             f"runner condition wake-ups per completion "
             f"{record['wakeups'] / max(1, record['submits']):.2f}; collector "
             f"{1000 * record['collector'][0]:.0f} ms in {record['collector'][1]} collections")

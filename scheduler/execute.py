@@ -3,8 +3,10 @@
 The runner thread calling `execute` never blocks on the engine: loading and generation
 run on an engine thread that feeds the attempt's inbox, so flushes happen on time,
 stop flags are seen within one tick and the execution timeout holds even when an engine
-hangs. Every write is fenced by the store: `CancelRequested` ends in `cancelled`,
-`LeaseLost` ends the attempt without another write.
+hangs. `execute_here` runs the engine on the calling thread first and streams after it,
+for engines that return at once; one still running after a few milliseconds gets a
+runner as `execute` gives it (`scheduler.handoff`). Every write is fenced by the store:
+`CancelRequested` ends in `cancelled`, `LeaseLost` ends the attempt without another write.
 """
 
 from __future__ import annotations
@@ -89,20 +91,62 @@ def execute(
     verify = verify or partial(verified_model_file, db, settings.models_dir)
     complete = complete or GroupCommit(partial(completion.complete_all, db)).submit
     engines = engines or EngineThreads(idle_limit=0)
+
+    def run(produce: Callable[[], None], stream: Callable[[], Outcome]) -> Outcome:
+        engines.start(produce, f"engine-{attempt.task_id}")
+        return stream()
+
+    outcome = _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete,
+                                                      run))
+    assert outcome is not None  # `run` never hands the stream over
+    return outcome
+
+
+Watch = Callable[[Callable[[], Outcome | None]], Callable[[], bool]]
+
+
+def execute_here(
+    db: Database, settings: Settings, attempt: Attempt, *, verify: VerifyModel,
+    complete: Complete, watch: Watch,
+) -> Outcome | None:
+    """`execute` with the engine run on the calling thread, which then streams what it
+    made, unless the engine ran so long that `watch` handed the stream to a runner
+    (`scheduler.handoff`): then None, and that runner's call of the stream returns the
+    outcome. `watch(stream)` is called as the engine starts; the check it returns,
+    once the engine returned, says whether this thread still has the stream.
+    """
+    def run(produce: Callable[[], None], stream: Callable[[], Outcome]) -> Outcome | None:
+        kept = watch(lambda: _settled(db, attempt, stream))
+        produce()
+        return stream() if kept() else None
+
+    return _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete, run))
+
+
+def _settled(db: Database, attempt: Attempt, step: Callable[[], Outcome | None]) -> Outcome | None:
+    """`step`'s outcome, a fenced failure turned into its own; the attempt ends with it
+    unless the step handed its stream to another thread (None)."""
+    handed_over = False
     try:
-        return _execute(db, settings, attempt, verify, complete, engines)
+        outcome = step()
+        handed_over = outcome is None
+        return outcome
     except CancelRequested:
         return _finish_cancelled(db, attempt)
     except LeaseLost:
         return Outcome.LOST
     finally:
-        attempt.end()
+        if not handed_over:
+            attempt.end()
+
+
+RunEngine = Callable[[Callable[[], None], Callable[[], Outcome]], Outcome | None]
 
 
 def _execute(
     db: Database, settings: Settings, attempt: Attempt, verify: VerifyModel, complete: Complete,
-    engines: EngineThreads,
-) -> Outcome:
+    run: RunEngine,
+) -> Outcome | None:
     claim = attempt.claim
     try:
         request = generation_request(json.loads(claim.request_json))
@@ -118,9 +162,8 @@ def _execute(
     if isinstance(model_file, ModelFile):  # an upstream server applies its own defaults
         request = with_model_defaults(request, model_file.metadata)
     snapshot = json.loads(claim.snapshot_json) if claim.snapshot_json else None
-    engines.start(partial(_produce, engine, model_file, request, snapshot, attempt),
-                  f"engine-{claim.task_id}")
-    return _stream(db, settings, attempt, complete)
+    return run(partial(_produce, engine, model_file, request, snapshot, attempt),
+               partial(_stream, db, settings, attempt, complete))
 
 
 def engine_options(settings: Settings) -> EngineOptions:

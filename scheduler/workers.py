@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from core.engines.base import EngineError, ModelSource
 from core.engines.upstream.routing import ROUTER
@@ -31,9 +32,11 @@ from core.store import claims, completion, upstream_health
 from core.store.database import Database
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
-from scheduler.execute import VerifyModel, execute
+from scheduler.execute import VerifyModel, execute, execute_here
 from scheduler.group_commit import GroupCommit, gather
+from scheduler.handoff import Handoffs
 from scheduler.heartbeat import LeaseKeeper
+from scheduler.output import FIRST_FLUSH_MS
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,11 @@ _ENGINE_JOIN_SECONDS = 5  # an engine that ignores `should_stop` is left to proc
 # never `_QUIET_SECONDS` without one more (see `gather`): long work hardly waits.
 _GATHER_SECONDS = 0.02
 _QUIET_SECONDS = 0.005
+# A local engine still running this long after its start gets a runner of its own
+# (`scheduler.handoff`). Text it made before then is flushed at most this much later
+# than a runner from the start would have: the first flush (`FIRST_FLUSH_MS` after
+# the first text) comes at most twice as late, far inside the documented flush interval.
+_RUNNER_AFTER_SECONDS = FIRST_FLUSH_MS / 1000
 
 
 class Workers:
@@ -72,12 +80,16 @@ class Workers:
         self._completions: GroupCommit[completion.Completion] = GroupCommit(
             self._complete_group, running=self._may_submit, gather_seconds=_GATHER_SECONDS,
             quiet_seconds=_QUIET_SECONDS)
-        # A slot's runner may still wait for its completion's commit while the slot's
-        # next attempt runs: twice the threads, never more attempts than slots.
-        self._executor = ThreadPoolExecutor(max_workers=2 * sum(self._slots.values()),
+        # A slot's runner (or engine thread) may still wait for its completion's commit
+        # while the slot's next attempt runs: twice the threads, never more attempts
+        # than slots.
+        threads = 2 * sum(self._slots.values())
+        self._executor = ThreadPoolExecutor(max_workers=threads,
                                             thread_name_prefix="taskward-runner")
-        self._engines = EngineThreads(idle_limit=sum(self._slots.values()))
+        self._engines = EngineThreads(idle_limit=threads)
+        self._handoffs = Handoffs(after_seconds=_RUNNER_AFTER_SECONDS)
         self._keeper.start()
+        self._handoffs.start()
 
     def free_slots(self) -> int:
         """Free slots of both kinds."""
@@ -165,19 +177,43 @@ class Workers:
                 self._active[claim.task_id] = attempt
                 self.claimed += 1
             self._keeper.hold(attempt)
-            self._executor.submit(self._run, attempt, verify)
+            if claim.upstream:  # its engine waits on the network: a runner from the start
+                self._executor.submit(self._run, attempt, verify)
+            else:
+                self._engines.start(partial(self._run_here, attempt, verify),
+                                    f"engine-{claim.task_id}")
         return len(taken)
 
     def _run(self, attempt: Attempt, verify: VerifyModel) -> None:
+        """A runner's attempt, its engine on a thread of its own."""
+        self._settle(attempt, lambda: execute(self._db, self._settings, attempt, verify=verify,
+                                              complete=self._submit_completion,
+                                              engines=self._engines))
+
+    def _run_here(self, attempt: Attempt, verify: VerifyModel) -> None:
+        """An engine thread's attempt, engine and stream, unless the engine runs long
+        enough to be handed a runner (`scheduler.handoff`), which then settles it."""
+        def watch(stream: Callable[[], Outcome | None]) -> Callable[[], bool]:
+            return self._handoffs.watch(
+                lambda: self._executor.submit(self._settle, attempt, stream))
+
+        self._settle(attempt, lambda: execute_here(self._db, self._settings, attempt,
+                                                   verify=verify,
+                                                   complete=self._submit_completion,
+                                                   watch=watch))
+
+    def _settle(self, attempt: Attempt, run: Callable[[], Outcome | None]) -> None:
+        """Run the attempt (or the rest of it) and free its slot with its outcome; None:
+        the rest was handed to a runner, which settles it."""
         try:
-            outcome = execute(self._db, self._settings, attempt, verify=verify,
-                              complete=self._submit_completion, engines=self._engines)
+            outcome = run()
         except Exception:  # a database outage: the lease will expire and policy applies
             log.exception("task %s: attempt abandoned", attempt.task_id)
             outcome = Outcome.LOST
-        finally:
-            self._keeper.drop(attempt)
-            _record_upstream_reports(self._db)
+        if outcome is None:
+            return
+        self._keeper.drop(attempt)
+        _record_upstream_reports(self._db)
         with self._lock:
             del self._active[attempt.task_id]
             # A slot freed at hand-over was news then: now only the last attempt's end
@@ -223,7 +259,9 @@ class Workers:
             if not idle:
                 log.warning("runners still busy after the hand-back; their leases will expire")
         # Idle runner threads end at once and are joined; a runner stuck in a database
-        # call is left to process exit rather than hanging the stop.
+        # call is left to process exit rather than hanging the stop. No attempt is handed
+        # to a runner from here on.
+        self._handoffs.stop()
         self._executor.shutdown(wait=idle, cancel_futures=True)
         self._keeper.stop()
         for name in self._engines.stop(_ENGINE_JOIN_SECONDS):
