@@ -92,8 +92,8 @@ def _claim_recorded(claim: Callable[[workers.Workers], int]) -> Callable[[worker
 def _counting_wait(wait: Callable[..., bool]) -> Callable[..., bool]:
     def wrapper(self: threading.Condition, timeout: float | None = None) -> bool:
         woken = wait(self, timeout)
-        if threading.current_thread().name.startswith("taskward-runner"):
-            RECORD["wakeups"] += 1  # a runner waiting in `GroupCommit.submit`
+        if threading.current_thread().name.startswith(("taskward-runner", "engine-")):
+            RECORD["wakeups"] += 1  # a runner or engine thread in `GroupCommit.submit`
         return woken
     return wrapper
 

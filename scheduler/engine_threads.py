@@ -1,7 +1,9 @@
 """The threads engines run on, reused from one attempt to the next.
 
 An attempt's engine runs on a thread apart from its runner, so the runner never blocks
-on it (`scheduler.execute`). A thread started and ended per attempt cost ~50 us of CPU
+on it (`scheduler.execute`); a local attempt starts on one of these threads and has a
+runner only if its engine runs long (`scheduler.handoff`). A thread started and ended
+per attempt cost ~50 us of CPU
 (clone, the stack's mmap and munmap, the start handshake), a tenth of a no-op task's
 whole cost in a draining sweeper (issue 15); so a thread whose engine returned waits
 for the next attempt's engine instead of ending. No attempt ever waits for a thread: a

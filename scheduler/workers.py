@@ -8,10 +8,13 @@ Attempts that end together complete in one transaction (`GroupCommit`), and a cl
 waits a moment for slots about to free up, so short tasks cost a few transactions per
 batch instead of several per task. A slot is free once its attempt's engine work is
 done and its completion is handed to the group commit: the next claim then runs while
-that commit is in flight (each has its own connection and runner thread), instead of
-claim and completion taking turns. Every thread here has an owner: runner threads
-belong to the executor, engine threads to `EngineThreads` (reused across attempts), the
-lease keeper to the pool, and `stop` ends them all.
+that commit is in flight (each has its own connection and thread), instead of
+claim and completion taking turns. A local attempt starts on an engine thread, which
+runs its engine and then streams what it made; only an engine still running after a
+few milliseconds gets a runner thread beside it (`scheduler.handoff`), as an upstream
+attempt does from the start. Every thread here has an owner: runner threads belong to
+the executor, engine threads to `EngineThreads` (reused across attempts), the lease
+keeper to the pool, the hand-off watcher to `Handoffs`, and `stop` ends them all.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import psycopg
 import pytest
@@ -12,6 +13,7 @@ from core.states import OnRestart, Status
 from core.store.database import Database
 from scheduler.attempt import Outcome
 from scheduler.workers import Workers
+from tests.engines import expected_text
 from tests.scheduler.helpers import streamed_text
 from tests.scheduler.processes import wait_until
 from tests.store.helpers import event_types, events_of, new_task, task_row
@@ -85,5 +87,36 @@ def test_a_claim_fills_the_slots_whose_completions_still_wait_for_their_commit(
     finally:
         workers.stop(drain_seconds=5)
     for task_id in first + later:
+        assert event_types(db, task_id).count("response.completed") == 1
+        assert task_row(db, task_id).status == Status.COMPLETED
+
+
+def _runner_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("taskward-runner")}
+
+
+def test_a_short_attempt_runs_whole_on_its_engine_thread_and_a_long_one_gets_a_runner(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    """An engine that returns at once is streamed by its own thread (no runner thread
+    starts); one still running after the hand-over time is streamed by a runner, and
+    both complete with all their text, once."""
+    before = _runner_threads()
+    short = new_task(db, model_id, input="words=3")
+    workers = Workers(db, fast)
+    try:
+        assert workers.claim() == 1
+        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 1, timeout=10,
+                   what="the short task")
+        assert _runner_threads() == before
+        slow = new_task(db, model_id, input="words=3 delay=0.1")  # 100 ms before each word
+        assert workers.claim() == 1
+        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 2, timeout=10,
+                   what="the slow task")
+        assert _runner_threads() - before
+    finally:
+        workers.stop(drain_seconds=5)
+    for task_id in (short, slow):
+        assert streamed_text(db, task_id) == expected_text(3)
         assert event_types(db, task_id).count("response.completed") == 1
         assert task_row(db, task_id).status == Status.COMPLETED
