@@ -3,12 +3,13 @@
 Run in place of `taskward sweeper` (`python -m bench.pipeline_probe`), it wraps the
 steps of a slot's cycle before starting the real command: each claim (wall, the
 claimer thread's CPU, tasks taken), each wait for slots before a claim, each group
-commit's gathering and write (wall, tasks), the runners' wake-ups from a condition's
-wait (a group commit's members and its gathering leader), and the collector's time
-(`gc.callbacks`); and it reads the threads' context switches from /proc at the
-drain's first claim and after its last. On exit it writes them as JSON to the file
-`BENCH_PROBE_OUT` names. The wrappers cost a little CPU of their own: compare CPU per
-task without `--pipeline`.
+commit's gathering and write (wall, tasks), the runners' and engine threads' wake-ups
+from a condition's wait (a group commit's members and its gathering leader), the
+attempts settled by a runner thread (not by their engine thread, `scheduler.handoff`),
+and the collector's time (`gc.callbacks`); and it reads the threads' context switches
+and CPU, by kind of thread, from /proc at the drain's first claim and after its last.
+On exit it writes them as JSON to the file `BENCH_PROBE_OUT` names. The wrappers cost
+a little CPU of their own: compare CPU per task without `--pipeline`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import scheduler.workers as workers
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 RECORD: dict[str, Any] = {"claims": [], "slot_waits": [], "gathers": [], "writes": [],
-                          "collector": [0.0, 0], "wakeups": 0, "submits": 0}
+                          "collector": [0.0, 0], "wakeups": 0, "submits": 0, "runners": 0}
 
 
 def switches() -> dict[str, list[float]]:
@@ -122,6 +123,13 @@ def install() -> None:
         RECORD["submits"] += 1
         submit(self, item)
     group_commit.GroupCommit.submit = counted_submit  # type: ignore[method-assign]
+    settle = workers.Workers._settle
+
+    def counted_settle(self: workers.Workers, attempt: Any, step: Any) -> None:
+        if threading.current_thread().name.startswith("taskward-runner"):
+            RECORD["runners"] += 1  # upstream, or handed to a runner (`Handoffs`)
+        settle(self, attempt, step)
+    workers.Workers._settle = counted_settle  # type: ignore[method-assign,assignment]
     threading.Condition.wait = _counting_wait(threading.Condition.wait)  # type: ignore[method-assign]
     gc.callbacks.append(_collector)
     out = os.environ["BENCH_PROBE_OUT"]
@@ -180,6 +188,7 @@ def summary(path: Path) -> str:
             f"{median_ms(record['gathers']):.2f} ms; context switches per task "
             f"{voluntary / tasks:.2f} voluntary, {involuntary / tasks:.2f} involuntary ({kinds}); "
             f"CPU-ms per task by thread ({cpu}); "
+            f"attempts settled by a runner thread {record['runners']}; "
             f"runner condition wake-ups per completion "
             f"{record['wakeups'] / max(1, record['submits']):.2f}; collector "
             f"{1000 * record['collector'][0]:.0f} ms in {record['collector'][1]} collections")
