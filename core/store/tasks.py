@@ -13,6 +13,7 @@ from core.errors import Conflict, NotFound
 from core.objects import response_object
 from core.states import TERMINAL, Status
 from core.store.database import Database
+from core.store.driver import autocommit_cursor
 from core.store.pages import newest_first
 from core.store.transitions import Event, move
 from core.tables import IS_DEAD_LETTER, responses, task_events, tasks
@@ -184,6 +185,19 @@ def log_positions(db: Database, task_ids: Sequence[str]) -> dict[str, int]:
 
 
 def cancelling_among(db: Database, task_ids: Sequence[str]) -> set[str]:
-    """Which of `task_ids` are `cancelling` now (one statement for all of them)."""
+    """Which of `task_ids` are `cancelling` now (one statement for all of them).
+
+    The lease keeper asks at every tick while it holds tasks. On PostgreSQL the read
+    is one statement committing by itself on the driver's cursor, the ids one array:
+    through SQLAlchemy, BEGIN, the expanding IN compiled anew for each number of ids
+    and ROLLBACK cost ~0.34 ms of CPU per tick, a few per cent of a draining sweeper's."""
+    if not db.is_sqlite:
+        with autocommit_cursor(db.engine) as cursor:
+            cursor.execute(_CANCELLING_ANY, {"ids": list(task_ids)})
+            return {row[0] for row in cursor.fetchall()}
     with db.read() as conn:
         return set(conn.execute(_CANCELLING, {"ids": list(task_ids)}).scalars())
+
+
+_CANCELLING_ANY = ("SELECT id FROM tasks WHERE id = ANY(%(ids)s) "
+                   f"AND status = '{Status.CANCELLING.value}'")

@@ -19,6 +19,7 @@ from sqlalchemy import event
 
 from core.states import ACTIVE, LEASED, TERMINAL, Status
 from core.store import claims, driver, pg_claims
+from core.store import tasks as tasks_module
 from core.store.database import Database
 from core.store.finished_per_minute import finished_per_minute
 from core.store.queue_stats import queue_stats
@@ -34,7 +35,8 @@ Statement = tuple[str, Any]
 @contextmanager
 def captured(db: Database) -> Iterator[list[Statement]]:
     """Every single-row-parameter statement on `tasks` run meanwhile, through
-    SQLAlchemy or on an autocommit driver cursor (`core.store.pg_claims.claim_alone`)."""
+    SQLAlchemy or on an autocommit driver cursor (`core.store.pg_claims.claim_alone`,
+    `core.store.tasks.cancelling_among`)."""
     seen: list[Statement] = []
 
     def record(_conn: Any, _cursor: Any, sql: str, params: Any, _ctx: Any, many: bool) -> None:
@@ -66,7 +68,8 @@ def captured(db: Database) -> Iterator[list[Statement]]:
 
     event.listen(db.engine, "before_cursor_execute", record)
     try:
-        with mock.patch.object(pg_claims, "autocommit_cursor", recording):
+        with mock.patch.object(pg_claims, "autocommit_cursor", recording), \
+                mock.patch.object(tasks_module, "autocommit_cursor", recording):
             yield seen
     finally:
         event.remove(db.engine, "before_cursor_execute", record)
@@ -88,7 +91,7 @@ def full_scans(db: Database, statement: Statement) -> list[str]:
 
 
 def cancel_check(db: Database) -> set[str]:
-    """The lease keeper's question on SQLite, asked every tick while it holds tasks."""
+    """The lease keeper's question, asked every tick while it holds tasks."""
     return cancelling_among(db, ["resp_a", "resp_b"])
 
 
