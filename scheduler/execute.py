@@ -53,7 +53,11 @@ _TICK_MS = 50  # longest the runner sleeps without looking at its flags, unless 
 
 @dataclass(frozen=True)
 class _Loaded:
-    """The engine thread finished loading the model."""
+    """The engine thread finished loading the model, at `at_ms`: the start's write is
+    timed from then, whenever the stream sees it (`execute_here` streams after the
+    engine, or a runner takes over a few milliseconds after its start)."""
+
+    at_ms: int
 
 
 @dataclass(frozen=True)
@@ -189,7 +193,7 @@ def _produce(
     also straight from whatever thread the engine makes them on (`emit`)."""
     try:
         loaded = engine.load(model_file)
-        attempt.inbox.put(_Loaded())
+        attempt.inbox.put(_Loaded(attempt.clock.now_ms()))
         put_chunk = attempt.inbox.put_chunk
         for chunk in loaded.generate(request, snapshot, attempt.should_stop, put_chunk):
             put_chunk(chunk)
@@ -231,7 +235,7 @@ def _stream(db: Database, settings: Settings, attempt: Attempt, complete: Comple
                             output.add(held, clock.now_ms())
                 return _stop(db, settings, attempt, writes, reason)
             if isinstance(item, _Loaded):
-                writes.loaded(clock.now_ms() + settings.flush_interval_ms)
+                writes.loaded(item.at_ms + settings.flush_interval_ms)
             elif isinstance(item, Chunk):
                 output.add(item, clock.now_ms())
                 if output.full():

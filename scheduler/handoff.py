@@ -18,9 +18,12 @@ stream and the runner's are exclusive (`watch` / the check it returns, under one
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 class Handoffs:
@@ -90,6 +93,9 @@ class Handoffs:
                 self._lock.release()
                 try:
                     for each in handed:
-                        each()
+                        try:
+                            each()
+                        except Exception:  # that attempt's lease will expire; the watcher goes on
+                            log.exception("an attempt could not be handed to a runner")
                 finally:
                     self._lock.acquire()
