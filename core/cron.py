@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 
-from croniter import CroniterBadDateError, croniter
-
 from core.errors import InvalidInput
 
 MINUTE_MS = 60_000
@@ -192,6 +190,12 @@ def _walk_exprs(spec: CronSpec) -> tuple[str, ...]:
 
 def _walk(expr: str, start_ms: int, backwards: bool) -> Iterator[int]:
     """Slots strictly after (or before) the minute-aligned `start_ms`, one by one."""
+    # Imported here, not with this module: `core.settings` imports the parser, so every
+    # process (a sweeper before its first claim) would load croniter and dateutil, and
+    # croniter's import runs `file` on the interpreter (`platform.architecture`), while
+    # only a walk needs it (issue 15).
+    from croniter import CroniterBadDateError, croniter
+
     start = datetime.fromtimestamp(start_ms // 1000, UTC)
     it = croniter(
         expr, start, ret_type=datetime, day_or=False, max_years_between_matches=_SEARCH_YEARS
