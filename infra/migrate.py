@@ -71,7 +71,7 @@ def upgrade(engine: Engine) -> str:
             connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _ADVISORY_LOCK_KEY})
             connection.commit()
         try:
-            _refuse_unknown(connection)
+            _refuse_unknown(current_revision(connection))
             from alembic import command
 
             command.upgrade(alembic_config(connection), "head")
@@ -85,10 +85,13 @@ def upgrade(engine: Engine) -> str:
 
 
 def check_schema(engine: Engine) -> None:
-    """Raise `SchemaMismatch` unless the database is exactly at this code's head."""
+    """Raise `SchemaMismatch` unless the database is exactly at this code's head.
+
+    The revision is read once (a table lookup and a SELECT): every process checks
+    before its first statement, a sweeper before its first claim."""
     with engine.connect() as connection:
-        _refuse_unknown(connection)
         revision = current_revision(connection)
+    _refuse_unknown(revision)
     if revision != head_revision():
         raise SchemaMismatch(
             "schema_behind",
@@ -97,8 +100,7 @@ def check_schema(engine: Engine) -> None:
         )
 
 
-def _refuse_unknown(connection: Connection) -> None:
-    revision = current_revision(connection)
+def _refuse_unknown(revision: str | None) -> None:
     if revision is not None and revision not in known_revisions():
         raise SchemaMismatch(
             "schema_unknown",
