@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,6 +101,8 @@ class Settings(BaseModel):
         which win over `taskward.toml` in the working directory."""
         from_file: dict[str, Any] = {}
         if Path(TOML_FILE).is_file():
+            import tomllib  # only with a file: its import compiles regexes at every start
+
             with open(TOML_FILE, "rb") as file:
                 try:
                     from_file = tomllib.load(file)

@@ -31,7 +31,10 @@ def create_db_engine(settings: Settings) -> Engine:
         )
         _configure_sqlite(engine, settings)
         return engine
-    return create_engine(url, pool_size=8, max_overflow=16, pool_pre_ping=False)
+    # No HSTORE column exists: without `use_native_hstore` the dialect's first connection
+    # looks the type up (one more round trip before a process's first statement).
+    return create_engine(url, pool_size=8, max_overflow=16, pool_pre_ping=False,
+                         use_native_hstore=False)
 
 
 def _owner_only(database: Path) -> None:
