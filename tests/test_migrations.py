@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 
 from core.errors import SchemaMismatch
 from core.settings import Settings
@@ -19,6 +19,20 @@ def test_a_migrated_database_is_at_head(database_url: str) -> None:
     check_schema(engine)
     assert upgrade(engine) == head_revision()  # a second upgrade is a no-op
     engine.dispose()
+
+
+def test_the_schema_check_reads_the_revision_once(database_url: str) -> None:
+    """Every process checks before its first statement (a sweeper before its first
+    claim): one lookup of the version table and one read of it, no more."""
+    engine = create_db_engine(Settings(database_url=database_url))
+    engine.connect().close()  # the dialect's own first-connection queries are not ours
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute",
+                 lambda _conn, _cursor, statement, *_: statements.append(statement))
+    check_schema(engine)
+    engine.dispose()
+    assert len(statements) == 2, statements
+    assert "version_num" in statements[1]
 
 
 def test_a_database_at_an_unknown_revision_is_refused_untouched(database_url: str) -> None:

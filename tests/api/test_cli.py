@@ -149,8 +149,11 @@ def test_the_sweeper_command_loads_no_http_server() -> None:
     import sys
 
     # Nor what only other commands or processes use: alembic migrates, pydantic-settings
-    # is not used at all (`core.settings` reads its sources itself).
-    unused = ("granian", "litestar", "handlers", "alembic", "pydantic_settings", "httpx")
+    # is not used at all (`core.settings` reads its sources itself). Nor what comes after
+    # the first claim: croniter (and its dateutil, and its `file` subprocess) walks the
+    # maintenance schedule, tomllib reads a `taskward.toml` only where there is one.
+    unused = ("granian", "litestar", "handlers", "alembic", "pydantic_settings", "httpx",
+              "croniter", "dateutil", "tomllib")
     probe = ("import sys; from infra.cli import main; main.get_command(None, 'sweeper'); "
              "import scheduler.loop; "
              f"print(sorted(m for m in {unused!r} if m in sys.modules))")
