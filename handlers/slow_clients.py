@@ -31,7 +31,6 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from core.errors import DomainError
-from handlers.arrivals import Arrivals
 
 
 class ClientDisconnected(Exception):
@@ -79,12 +78,9 @@ class _Deadlines:
         self._look_at = self._loop.call_later(self._every, self._look) if self._reads else None
 
 
-def bounded_body_reads(app: ASGIApp, body_timeout_seconds: float,
-                       arrivals: Arrivals | None = None) -> ASGIApp:
+def bounded_body_reads(app: ASGIApp, body_timeout_seconds: float) -> ASGIApp:
     """`app` with each `receive` of a request body bounded by `body_timeout_seconds`
-    (0: unbounded) and a disconnect mid-body raised as `ClientDisconnected`; each
-    declared body, from its request's start until it has been read, known to
-    `arrivals` (`handlers.arrivals`)."""
+    (0: unbounded) and a disconnect mid-body raised as `ClientDisconnected`."""
     per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deadlines] = (
         weakref.WeakKeyDictionary())
 
@@ -129,18 +125,9 @@ def bounded_body_reads(app: ASGIApp, body_timeout_seconds: float,
                 if unread <= 0:
                     message, more = {**message, "more_body": False}, False
             body_done = not more
-            if body_done and arrivals is not None:
-                arrivals.finished(bounded_receive)
             return message
 
-        if arrivals is None or not unread:
-            await app(scope, bounded_receive, send)
-            return
-        arrivals.started(bounded_receive)
-        try:
-            await app(scope, bounded_receive, send)
-        finally:
-            arrivals.finished(bounded_receive)
+        await app(scope, bounded_receive, send)
 
     return middleware
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from handlers.arrivals import Arrivals
 from handlers.slow_clients import BodyTimeout, bounded_body_reads
 from tests.api.served import process, service_env, wait_ready
 from tests.databases import copy_sqlite
@@ -177,39 +176,3 @@ def test_a_stalled_read_ends_within_a_quarter_past_its_timeout_and_others_go_on(
     assert isinstance(stalled_error, BodyTimeout)
     assert timeout <= stalled_took < timeout * 1.25 + 0.2  # + a loaded machine's slack
     assert prompt_error is None and prompt_took >= timeout * 2
-
-
-class _Told(Arrivals):
-    def __init__(self) -> None:
-        super().__init__()
-        self.told: list[str] = []
-
-    def started(self, request: object) -> None:
-        self.told.append("started")
-        super().started(request)
-
-    def finished(self, request: object) -> None:
-        self.told.append("finished")
-        super().finished(request)
-
-
-@pytest.mark.parametrize("reads_its_body", [True, False])
-def test_a_declared_body_is_on_its_way_until_read_or_its_request_ends(
-        reads_its_body: bool) -> None:
-    """What the group commit is told (`handlers.arrivals`): a body from its request's
-    start until it has been read; one never read, until its request has ended."""
-    arrivals = _Told()
-    during: list[list[str]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"{}", "more_body": False}
-
-    async def app(scope: object, receive: Any, send: object) -> None:
-        if reads_its_body:
-            await receive()
-        during.append(list(arrivals.told))
-
-    scope = {"type": "http", "headers": [(b"content-length", b"2")]}
-    asyncio.run(bounded_body_reads(app, 1, arrivals)(scope, receive, None))  # type: ignore[arg-type]
-    assert during == [["started", "finished"] if reads_its_body else ["started"]]
-    assert arrivals.told[-1] == "finished"
