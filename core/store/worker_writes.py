@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, select, update
+from sqlalchemy import Connection, Row, select, update
 
 from core.clock import iso
 from core.engines.base import Usage
@@ -20,8 +20,10 @@ from core.errors import CancelRequested, LeaseLost
 from core.states import OnRestart, Status
 from core.store.claims import dead_letter
 from core.store.database import Database, logged
-from core.store.transitions import Add, Event, Held, PerRow, insert_events, move
-from core.tables import responses, tasks
+from core.store.output_flush import add_outputs as add_outputs  # also the completion's
+from core.store.output_flush import append_events
+from core.store.transitions import Add, Event, Held, PerRow, move
+from core.tables import tasks
 
 
 def _mine(task_id: str, owner: str) -> list[Any]:
@@ -100,44 +102,11 @@ def append_output(
         now = db.clock.now_ms()
         if start:
             _start(conn, now, task_id, owner)
-        values = {} if snapshot_json is None else {"snapshot_json": snapshot_json}
-        rows: list[dict[str, Any]] = []
-        if not move(conn, now=now, expected={Status.RUNNING}, where=Held.one(task_id, owner),
-                    to=None, events=events, values=values, event_rows=rows):
+        rows = append_events(conn, now, task_id, owner, events, snapshot_json)
+        if rows is None:
             raise fenced(conn, task_id, owner)
-        insert_events(conn, rows)
         logged(conn, rows)
-        _add_output(conn, task_id, now, text, usage)
-
-
-def _add_output(conn: Connection, task_id: str, now: int, text: str, usage: Usage | None) -> None:
-    conn.execute(_ADD_OUTPUT[usage is not None], _output_params(task_id, now, text, usage))
-
-
-def add_outputs(conn: Connection, now: int, outputs: Sequence[tuple[str, str, Usage]]) -> None:
-    """Append each `(task_id, text, final usage)` to its response, in one executemany."""
-    conn.execute(_ADD_OUTPUT[True], [_output_params(task_id, now, text, usage)
-                                     for task_id, text, usage in outputs])
-
-
-def _output_params(task_id: str, now: int, text: str, usage: Usage | None) -> dict[str, Any]:
-    params: dict[str, Any] = {"p_task_id": task_id, "p_now": now, "p_text": text}
-    if usage is not None:
-        params.update(p_in=usage.input_tokens, p_out=usage.output_tokens)
-    return params
-
-
-def _output_update(with_usage: bool) -> Any:
-    values: dict[str, Any] = {"updated_at": bindparam("p_now"),
-                              "output_text": responses.c.output_text + bindparam("p_text")}
-    if with_usage:
-        values.update(input_tokens=bindparam("p_in"), output_tokens=bindparam("p_out"))
-    return (update(responses).where(responses.c.task_id == bindparam("p_task_id"))
-            .values(**values))
-
-
-# Prepared once (see `transitions.Held`): appending output is the worker's hottest write.
-_ADD_OUTPUT = {with_usage: _output_update(with_usage) for with_usage in (False, True)}
+        add_outputs(conn, now, [(task_id, text, usage)])
 
 
 def terminal_values(now: int) -> dict[str, Any]:

@@ -150,7 +150,7 @@ def test_a_write_that_fails_is_never_handed_out(
         with pytest.raises(LeaseLost):
             await asyncio.to_thread(write_output, db, dataclasses.replace(
                 claim, owner_token="not-the-owner"), "late ")
-        monkeypatch.setattr(worker_writes, "_add_output", broken_output)
+        monkeypatch.setattr(worker_writes, "add_outputs", broken_output)
         with pytest.raises(RuntimeError):
             await asyncio.to_thread(write_output, db, claim, "lost ")
         return await waiting
