@@ -10,7 +10,8 @@ connection, and the server frees its slot.
 A streamed token costs this loop one network read, so the read path is kept short: the
 body is split into lines as bytes (no text decoding of what is not a `data:` line),
 every payload of one read is handed on as one batch (one chunk, however many tokens
-the read brought), and the loop is uvloop where installed, as the API's is.
+the read brought), the loop is uvloop where installed, as the API's is, and the
+sockets are asyncio's own protocols rather than anyio's streams (`network`).
 
 One pooled `httpx.AsyncClient` per process (re-created after a fork), redirects never
 followed: a redirect could send the request, and its key, to a host nobody allowed.
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
+
+from core.engines.upstream.network import asyncio_transport
 
 _lock = threading.Lock()
 _transport: _Transport | None = None
@@ -78,7 +81,10 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 async def _new_client(limits: httpx.Limits) -> httpx.AsyncClient:
-    return httpx.AsyncClient(follow_redirects=False, limits=limits)
+    """Direct connections over asyncio's own sockets (`network`); a proxy named by the
+    environment is still reached through httpx's own transport."""
+    return httpx.AsyncClient(follow_redirects=False, limits=limits,
+                             transport=asyncio_transport(limits))
 
 
 def _shared(max_connections: int) -> _Transport:

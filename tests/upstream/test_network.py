@@ -1,0 +1,187 @@
+"""The upstream client's own sockets (`core.engines.upstream.network`) under httpx: a
+streamed body read as it comes, over TLS too, connections kept alive and dropped
+when the server closed them, httpx's exceptions for refused, silent and broken
+connections, and a cancelled request's connection closed at once."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.engines.upstream.network import asyncio_transport
+
+LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
+Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _request_head(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    await reader.readexactly(length)
+
+
+def _chunked(*pieces: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+
+
+async def _streaming(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers requests on one connection, each a chunked body of three pieces."""
+    while True:
+        try:
+            await _request_head(reader)
+        except asyncio.IncompleteReadError:
+            writer.close()
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for piece in (b"one ", b"two ", b"three"):
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+
+async def _fetch(client: httpx.AsyncClient, url: str) -> tuple[bytes, list[bytes]]:
+    async with client.stream("POST", url, json={"n": 1}) as response:
+        pieces = [piece async for piece in response.aiter_bytes()]
+    return b"".join(pieces), pieces
+
+
+def _serve(answer: Answer, test: Callable[[str], Awaitable[None]],
+           tls: ssl.SSLContext | None = None) -> None:
+    async def run() -> None:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=tls)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            await test(f"{'https' if tls else 'http'}://127.0.0.1:{port}/v1")
+
+    asyncio.run(run())
+
+
+def test_a_streamed_body_comes_read_by_read_on_a_kept_alive_connection() -> None:
+    connections = 0
+
+    async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await _streaming(reader, writer)
+
+    async def test(url: str) -> None:
+        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS)) as client:
+            for _ in range(3):
+                body, pieces = await _fetch(client, url)
+                assert body == b"one two three"
+                assert len(pieces) == 3  # one read each: nothing waits for the rest
+        assert connections == 1
+
+    _serve(counted, test)
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    connections = 0
+
+    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await _request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + _chunked(b"done"))
+        await writer.drain()
+        writer.close()  # no Connection: close header: the client learns it from the socket
+
+    async def test(url: str) -> None:
+        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS)) as client:
+            for _ in range(2):
+                assert (await _fetch(client, url))[0] == b"done"
+                await asyncio.sleep(0.05)
+        assert connections == 2
+
+    _serve(once, test)
+
+
+def test_tls_is_checked_and_carries_the_stream(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    trusting = ssl.create_default_context(cafile=str(cert))
+
+    async def test(url: str) -> None:
+        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS, trusting)) as client:
+            assert (await _fetch(client, url))[0] == b"one two three"
+        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS)) as client:
+            with pytest.raises(httpx.ConnectError):  # not a certificate the system trusts
+                await _fetch(client, url)
+
+    _serve(_streaming, test, served)
+
+
+def test_a_refused_connection_is_httpx_connect_error() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+
+    async def run() -> None:
+        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS)) as client:
+            with pytest.raises(httpx.ConnectError):
+                await _fetch(client, f"http://127.0.0.1:{port}/v1")
+
+    asyncio.run(run())
+
+
+def test_a_silent_server_is_a_read_timeout_and_a_reset_is_a_transport_error() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await asyncio.sleep(1)
+        writer.close()
+
+    async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nhalf")
+        await writer.drain()
+        writer.transport.abort()
+
+    async def timing_out(url: str) -> None:
+        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS),
+                                     timeout=httpx.Timeout(5, read=0.1)) as client:
+            with pytest.raises(httpx.ReadTimeout):
+                await _fetch(client, url)
+
+    async def breaking(url: str) -> None:
+        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS)) as client:
+            with pytest.raises(httpx.TransportError):
+                await _fetch(client, url)
+
+    _serve(silent, timing_out)
+    _serve(broken, breaking)
+
+
+def test_a_cancelled_request_closes_its_connection_at_once() -> None:
+    closed = asyncio.Event()
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nmore\r\n")
+        await writer.drain()
+        await reader.read()  # returns at the client's close
+        closed.set()
+
+    async def test(url: str) -> None:
+        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS)) as client:
+            request = asyncio.ensure_future(_fetch(client, url))
+            await asyncio.sleep(0.1)
+            request.cancel()
+            await asyncio.wait_for(closed.wait(), 1)
+
+    _serve(endless, test)
