@@ -1,11 +1,15 @@
 """Following tasks as they change: one poller per process, and the waits built on it.
 
 Every SSE stream, long-poll (`?wait=`) and synchronous `background: false` request
-waits on `LiveTail.wait` instead of querying the store itself. One background task
-polls `last_seq` of all watched tasks in one statement every `poll_interval_ms` and
-wakes those whose log has grown, so following N tasks costs one query per tick, not
-N. Waiters compare against the store, not against notifications they might have
-missed, so a wake-up is never lost; it only comes up to one tick late.
+waits on `LiveTail.wait` instead of querying the store itself. One thread polls
+`last_seq` of all watched tasks in one statement every `poll_interval_ms` and wakes
+those whose log has grown, so following N tasks costs one query per tick, not N.
+Waiters compare against the store, not against notifications they might have missed,
+so a wake-up is never lost; it only comes up to one tick late. The poll runs on a
+thread of its own and calls into the event loop only when it found a log that grew
+past a waiter: most polls find nothing (this process's own commits have woken their
+waiters already), and each one taken through the store pool cost the loop a hop out
+and back besides the query (docs/benchmarks.md, "the sixth wave").
 
 Events logged by this very process (`taskward run`: its sweeper's output, completions,
 failures; `Database.write_events`) do not wait for the tick: once their transaction
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,9 +87,12 @@ class LiveTail:
     def __init__(self, db: Database, interval_seconds: float) -> None:
         self._db = db
         self._interval = interval_seconds
+        # Changed on the loop only; the poll thread reads it (a copy of the keys, a
+        # lookup: atomic under the GIL, as a writer's `logged` lookup is).
         self._waiters: dict[str, list[_Waiter]] = {}
-        self._work = asyncio.Event()
-        self._poller: asyncio.Task[None] | None = None
+        self._work = threading.Event()  # set when a waiter comes (or at stop)
+        self._stopping = threading.Event()
+        self._poller: threading.Thread | None = None
         self._unlisten: Callable[[], None] = lambda: None
 
     async def start(self) -> None:
@@ -96,14 +104,16 @@ class LiveTail:
                     loop.call_soon_threadsafe(self._heard, news)
 
         self._unlisten = self._db.listen(EVENTS_CHANNEL, logged)
-        self._poller = asyncio.create_task(self._run(), name="taskward-live-tail")
+        self._poller = threading.Thread(target=self._run, args=(loop,),
+                                        name="taskward-live-tail", daemon=True)
+        self._poller.start()
 
     async def stop(self) -> None:
         self._unlisten()
+        self._stopping.set()
+        self._work.set()
         if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+            await asyncio.to_thread(self._poller.join)
 
     async def wait(self, task_id: str, seen_seq: int, timeout: float) -> bool:
         """True once the task's log holds events after `seen_seq` (or the task is gone),
@@ -119,7 +129,8 @@ class LiveTail:
         holds (or may hold) more. None when `timeout` seconds pass first."""
         waiter = _Waiter(seen_seq, asyncio.get_running_loop().create_future())
         self._waiters.setdefault(task_id, []).append(waiter)
-        self._work.set()
+        if not self._work.is_set():
+            self._work.set()
         try:
             await asyncio.wait_for(waiter.woken, timeout)
             return waiter.events or ()
@@ -132,19 +143,34 @@ class LiveTail:
             if not waiting:
                 self._waiters.pop(task_id, None)
 
-    async def _run(self) -> None:
-        while True:
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The poll thread: one query per tick while anyone waits."""
+        while not self._stopping.is_set():
             if not self._waiters:
                 self._work.clear()
-                await self._work.wait()
+                if not self._waiters:  # none came between the look and the clear
+                    self._work.wait()
+                continue
             polled = list(self._waiters)
             try:
-                positions = await blocking(log_positions, self._db, polled)
+                positions = log_positions(self._db, polled)
             except Exception:  # a store outage: waiters time out and retry by themselves
                 log.warning("live tail poll failed", exc_info=True)
             else:
-                self._wake(polled, positions)
-            await asyncio.sleep(self._interval)
+                if self._behind(polled, positions):
+                    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                        loop.call_soon_threadsafe(self._wake, polled, positions)
+            self._stopping.wait(self._interval)
+
+    def _behind(self, polled: list[str], positions: dict[str, int]) -> bool:
+        """Whether a waiter of `polled` may be behind its log (checked again on the loop,
+        `_wake`, where the waiters change)."""
+        for task_id in polled:
+            last_seq = positions.get(task_id)
+            for waiter in list(self._waiters.get(task_id, ())):
+                if not waiter.woken.done() and (last_seq is None or last_seq > waiter.seen_seq):
+                    return True
+        return False
 
     def _heard(self, news: Logged) -> None:
         for waiter in self._waiters.get(news.task_id, []):

@@ -190,6 +190,48 @@ def test_the_live_tail_wakes_a_waiter_when_its_log_grows(
     assert asyncio.run(wait_while_a_worker_claims()) is True
 
 
+def test_a_poll_that_finds_nothing_new_leaves_the_event_loop_alone(
+    alice: Caller, model_id: str, db: Database, settings: Any
+) -> None:
+    """The poll runs on its own thread and calls into the loop only for a log that grew
+    past a waiter: quiet ticks cost the loop nothing, and a commit no listener of this
+    process heard (another process's) still wakes its waiter at the next tick."""
+    task_id = create(alice, model_id)
+    elsewhere = Database(create_db_engine(settings))  # its commits are not heard here
+    tail = LiveTail(db, interval_seconds=0.02)
+    calls: list[str] = []
+
+    async def quiet_then_grown() -> tuple[bool, list[str], bool, float]:
+        loop = asyncio.get_running_loop()
+        original = loop.call_soon_threadsafe
+
+        def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            calls.append(threading.current_thread().name)
+            return original(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        await tail.start()
+        try:
+            quiet = await tail.wait(task_id, 1, 0.3)  # about 15 polls, nothing new
+            during_quiet = list(calls)
+            waiting = asyncio.ensure_future(tail.wait(task_id, 1, 5))
+            await asyncio.sleep(0.05)
+            await asyncio.to_thread(start_due, elsewhere)
+            committed = loop.time()
+            grown = await waiting
+            return quiet, during_quiet, grown, loop.time() - committed
+        finally:
+            await tail.stop()
+
+    try:
+        quiet, during_quiet, grown, late = asyncio.run(quiet_then_grown())
+    finally:
+        elsewhere.dispose()
+    assert quiet is False and during_quiet == []  # no thread called into the loop
+    assert grown is True and late < 0.5
+    assert "taskward-live-tail" in calls
+
+
 def test_logged_events_are_heard_once_committed_and_readable(
     alice: Caller, model_id: str, db: Database
 ) -> None:
