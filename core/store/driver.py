@@ -40,6 +40,11 @@ def driver_text(
     return compiled.string, constants
 
 
+def placeholder(dialect: Dialect) -> str:
+    """The driver's positional parameter mark: sqlite3's `?`, psycopg's `%s`."""
+    return "?" if dialect.name == "sqlite" else "%s"
+
+
 @contextmanager
 def driver_cursor(conn: Connection) -> Iterator[Any]:
     """A cursor of `conn`'s own driver connection, in its transaction."""
@@ -54,13 +59,17 @@ def driver_cursor(conn: Connection) -> Iterator[Any]:
 @contextmanager
 def autocommit_cursor(engine: Engine) -> Iterator[Any]:
     """A driver cursor on a pooled connection whose every statement commits by itself
-    before it returns (PostgreSQL); the connection goes back to the pool as it came.
+    before it returns (a read is its own snapshot); the connection goes back to the
+    pool as it came.
     A connection found broken is dropped from the pool, as SQLAlchemy drops it."""
     pooled = engine.raw_connection()
     driver = pooled.driver_connection
+    # sqlite3's connections of a `Database` always are (BEGIN is ours to send).
+    toggled = engine.dialect.name != "sqlite"
     broken: BaseException | None = None
     try:
-        driver.autocommit = True  # type: ignore[union-attr]
+        if toggled:
+            driver.autocommit = True  # type: ignore[union-attr]
         cursor = driver.cursor()  # type: ignore[union-attr]
         try:
             with _sqlalchemy_errors(engine.dialect):
@@ -78,7 +87,7 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
             # other one the pool holds is replaced at its next checkout (after a server
             # restart they are all dead), so one request fails, not one per connection.
             engine.pool._invalidate(pooled, broken)
-        else:
+        elif toggled:
             driver.autocommit = False  # type: ignore[union-attr]
         pooled.close()
 

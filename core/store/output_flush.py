@@ -23,7 +23,7 @@ from sqlalchemy import Connection
 
 from core.engines.base import Usage
 from core.states import Status
-from core.store.driver import driver_cursor
+from core.store.driver import driver_cursor, placeholder
 from core.store.transitions import Event, encoded
 from core.tables import responses, task_events, tasks
 
@@ -35,7 +35,7 @@ def append_events(
     """Append `events` to the log of `task_id` while `owner` holds it `running` (and
     store `snapshot_json` if given); the event rows inserted, or None when the fence
     did not hold (nothing written)."""
-    mark = _mark(conn)
+    mark = placeholder(conn.dialect)
     with driver_cursor(conn) as cursor:
         if snapshot_json is None:
             cursor.execute(_bump(mark, False), (now, len(events), task_id, owner))
@@ -58,7 +58,7 @@ def add_outputs(
 ) -> None:
     """Append each `(task_id, text, usage)` to its response, setting the usage where
     given (a flush's latest, a completion's final); one executemany per kind."""
-    mark = _mark(conn)
+    mark = placeholder(conn.dialect)
     bare = [(now, text, task_id) for task_id, text, usage in outputs if usage is None]
     counted = [(now, text, usage.input_tokens, usage.output_tokens, task_id)
                for task_id, text, usage in outputs if usage is not None]
@@ -66,11 +66,6 @@ def add_outputs(
         for with_usage, params in ((False, bare), (True, counted)):
             if params:
                 cursor.executemany(_add_output(mark, with_usage), params)
-
-
-def _mark(conn: Connection) -> str:
-    """The driver's positional placeholder: sqlite3's `?`, psycopg's `%s`."""
-    return "?" if conn.dialect.name == "sqlite" else "%s"
 
 
 @cache

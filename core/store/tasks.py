@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BindParameter, Connection, Row, bindparam, delete, select
+from sqlalchemy import Connection, Row, bindparam, delete, select
 
 from core.errors import Conflict, NotFound
 from core.objects import response_object
 from core.states import TERMINAL, Status
 from core.store.database import Database
-from core.store.driver import autocommit_cursor
+from core.store.driver import autocommit_cursor, placeholder
 from core.store.pages import newest_first
 from core.store.transitions import Event, move
 from core.tables import IS_DEAD_LETTER, responses, task_events, tasks
@@ -43,16 +43,11 @@ _OWN_TASK = _TASK.where(_OWNED)
 _RESPONSE = (select(*RESPONSE_COLUMNS)
              .outerjoin(responses, responses.c.task_id == tasks.c.id).where(_BY_ID))
 _OWN_RESPONSE = _RESPONSE.where(_OWNED)
-# A stream's page of events, and the per-tick reads of every stream (the live tail's
-# positions) and of the lease keeper (which held tasks a cancel has reached).
+# A stream's page of events.
 _EVENTS = (select(task_events)
            .where(task_events.c.task_id == bindparam("task_id"),
                   task_events.c.seq > bindparam("after"))
            .order_by(task_events.c.seq).limit(bindparam("limit")))
-_IDS: BindParameter[Any] = bindparam("ids", expanding=True)
-_POSITIONS = select(tasks.c.id, tasks.c.last_seq).where(tasks.c.id.in_(_IDS))
-_CANCELLING = select(tasks.c.id).where(tasks.c.id.in_(_IDS),
-                                       tasks.c.status == Status.CANCELLING.value)
 
 
 def get_task(db: Database, task_id: str, client_id: str | None) -> Row[Any]:
@@ -170,34 +165,41 @@ def read_events(
 
 def log_positions(db: Database, task_ids: Sequence[str]) -> dict[str, int]:
     """`last_seq` of each listed task that still exists (one statement per
-    `_IDS_PER_QUERY` of them, in one snapshot).
+    `_IDS_PER_QUERY` of them).
 
     The API's live tail polls this for every stream and long-poll of its process at
     once, so following N tasks costs one indexed query per tick, not N.
     """
-    positions: dict[str, int] = {}
-    with db.read() as conn:
-        for start in range(0, len(task_ids), _IDS_PER_QUERY):
-            rows = conn.execute(_POSITIONS,
-                                {"ids": list(task_ids[start:start + _IDS_PER_QUERY])})
-            positions.update((row.id, row.last_seq) for row in rows)
-    return positions
+    return dict(_among(db, _POSITIONS, task_ids))
 
 
 def cancelling_among(db: Database, task_ids: Sequence[str]) -> set[str]:
-    """Which of `task_ids` are `cancelling` now (one statement for all of them).
-
-    The lease keeper asks at every tick while it holds tasks. On PostgreSQL the read
-    is one statement committing by itself on the driver's cursor, the ids one array:
-    through SQLAlchemy, BEGIN, the expanding IN compiled anew for each number of ids
-    and ROLLBACK cost ~0.34 ms of CPU per tick, a few per cent of a draining sweeper's."""
-    if not db.is_sqlite:
-        with autocommit_cursor(db.engine) as cursor:
-            cursor.execute(_CANCELLING_ANY, {"ids": list(task_ids)})
-            return {row[0] for row in cursor.fetchall()}
-    with db.read() as conn:
-        return set(conn.execute(_CANCELLING, {"ids": list(task_ids)}).scalars())
+    """Which of `task_ids` are `cancelling` now (one statement per `_IDS_PER_QUERY`)."""
+    return {task_id for task_id, in _among(db, _CANCELLING, task_ids)}
 
 
-_CANCELLING_ANY = ("SELECT id FROM tasks WHERE id = ANY(%(ids)s) "
-                   f"AND status = '{Status.CANCELLING.value}'")
+# The per-tick reads: of every stream (the live tail's positions, 20 a second) and of
+# the lease keeper (which held tasks a cancel has reached, 10 a second). Through
+# SQLAlchemy a read of 8 ids took ~200 us of CPU on SQLite, on the driver's cursor ~15
+# (docs/benchmarks.md, "the sixth wave"): each is a statement that commits by itself
+# (`core.store.driver.autocommit_cursor`), its own snapshot, which is all a poll needs
+# (`last_seq` only grows; `cancelling` never goes back).
+_POSITIONS = f"SELECT {tasks.c.id.name}, {tasks.c.last_seq.name} FROM {tasks.name} WHERE"
+_CANCELLING = (f"SELECT {tasks.c.id.name} FROM {tasks.name} "
+               f"WHERE {tasks.c.status.name} = '{Status.CANCELLING.value}' AND")
+
+
+def _among(db: Database, query: str, task_ids: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The rows of `query` (ending in WHERE or AND) for `task_ids`, in statements of at
+    most `_IDS_PER_QUERY` ids."""
+    rows: list[tuple[Any, ...]] = []
+    if not task_ids:
+        return rows
+    mark = placeholder(db.engine.dialect)
+    with autocommit_cursor(db.engine) as cursor:
+        for start in range(0, len(task_ids), _IDS_PER_QUERY):
+            ids = tuple(task_ids[start:start + _IDS_PER_QUERY])
+            cursor.execute(f"{query} {tasks.c.id.name} IN ({', '.join([mark] * len(ids))})",
+                           ids)
+            rows.extend(cursor.fetchall())
+    return rows

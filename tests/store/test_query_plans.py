@@ -18,8 +18,7 @@ import pytest
 from sqlalchemy import event
 
 from core.states import ACTIVE, LEASED, TERMINAL, Status
-from core.store import claims, driver, pg_claims
-from core.store import tasks as tasks_module
+from core.store import claims, driver, pg_claims, tasks
 from core.store.database import Database
 from core.store.finished_per_minute import finished_per_minute
 from core.store.queue_stats import queue_stats
@@ -36,7 +35,7 @@ Statement = tuple[str, Any]
 def captured(db: Database) -> Iterator[list[Statement]]:
     """Every single-row-parameter statement on `tasks` run meanwhile, through
     SQLAlchemy or on an autocommit driver cursor (`core.store.pg_claims.claim_alone`,
-    `core.store.tasks.cancelling_among`)."""
+    the lease keeper's `core.store.tasks.cancelling_among`)."""
     seen: list[Statement] = []
 
     def record(_conn: Any, _cursor: Any, sql: str, params: Any, _ctx: Any, many: bool) -> None:
@@ -68,8 +67,8 @@ def captured(db: Database) -> Iterator[list[Statement]]:
 
     event.listen(db.engine, "before_cursor_execute", record)
     try:
-        with mock.patch.object(pg_claims, "autocommit_cursor", recording), \
-                mock.patch.object(tasks_module, "autocommit_cursor", recording):
+        with (mock.patch.object(pg_claims, "autocommit_cursor", recording),
+              mock.patch.object(tasks, "autocommit_cursor", recording)):
             yield seen
     finally:
         event.remove(db.engine, "before_cursor_execute", record)
