@@ -206,7 +206,7 @@ def test_a_poll_that_finds_nothing_new_leaves_the_event_loop_alone(
             calls.append(threading.current_thread().name)
             return original(callback, *args, **kwargs)
 
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
         await tail.start()
         try:
             quiet = await tail.wait(task_id, 1, 0.3)  # about 15 polls, nothing new
