@@ -168,19 +168,21 @@ def test_a_silent_server_is_a_read_timeout_and_a_reset_is_a_transport_error() ->
 
 
 def test_a_cancelled_request_closes_its_connection_at_once() -> None:
-    closed = asyncio.Event()
+    streaming, closed = asyncio.Event(), asyncio.Event()
 
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _request_head(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nmore\r\n")
         await writer.drain()
+        streaming.set()
         await reader.read()  # returns at the client's close
         closed.set()
 
     async def test(url: str) -> None:
         async with httpx.AsyncClient(transport=asyncio_transport(LIMITS)) as client:
             request = asyncio.ensure_future(_fetch(client, url))
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(streaming.wait(), 5)
+            await asyncio.sleep(0.05)  # the client is waiting for its next read
             request.cancel()
             await asyncio.wait_for(closed.wait(), 1)
 
