@@ -46,6 +46,7 @@ from core.store.tasks import get_task, log_positions
 from handlers.threads import blocking
 
 log = logging.getLogger("taskward.live")
+_STOP_SECONDS = 2.0
 
 
 @dataclass(eq=False)
@@ -109,11 +110,13 @@ class LiveTail:
         self._poller.start()
 
     async def stop(self) -> None:
+        """Stop polling; waits for a poll under way only so long (a store that does not
+        answer must not hold up shutdown; the thread ends after that poll)."""
         self._unlisten()
         self._stopping.set()
         self._work.set()
         if self._poller is not None:
-            await asyncio.to_thread(self._poller.join)
+            await asyncio.to_thread(self._poller.join, _STOP_SECONDS)
 
     async def wait(self, task_id: str, seen_seq: int, timeout: float) -> bool:
         """True once the task's log holds events after `seen_seq` (or the task is gone),

@@ -2,15 +2,14 @@
 the snapshot, the delta events it numbers, and the response's text and usage.
 
 This is the write a streaming attempt makes every flush interval, so at 8 streams it
-was most of the runner threads' CPU: through SQLAlchemy the three statements cost
-~850 us of CPU per flush on SQLite, of which the statements' own work (binding,
-results, the compiled-statement cache) was ~300 us more than the driver spends on the
-same texts (docs/benchmarks.md, "the sixth wave"). Here they are fixed texts built once
-from the tables and run on the driver's cursor inside the caller's transaction
-(`core.store.driver`), as `core.store.sqlite_births` runs the births; sqlite3 and
-psycopg keep them prepared. They write exactly what `transitions.move` with a `Held`
-target and `insert_events` write: the same fence (id, owner, `running`), the same
-gapless numbers from the bumped `last_seq`, the same rows.
+was most of the runner threads' CPU: through SQLAlchemy one flush cost ~450-520 us of
+CPU on SQLite, here ~250, of which the commit is most (docs/benchmarks.md, "the sixth
+wave"). The statements are fixed texts built once from the tables and run on the
+driver's cursor inside the caller's transaction (`core.store.driver`), as
+`core.store.sqlite_births` runs the births; sqlite3 and psycopg keep them prepared.
+They write exactly what `transitions.move` with a `Held` target and `insert_events`
+write: the same fence (id, owner, `running`), the same gapless numbers from the
+bumped `last_seq`, the same rows.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def cancelling_among(db: Database, task_ids: Sequence[str]) -> set[str]:
 
 # The per-tick reads: of every stream (the live tail's positions, 20 a second) and of
 # the lease keeper (which held tasks a cancel has reached, 10 a second). Through
-# SQLAlchemy a read of 8 ids took ~200 us of CPU on SQLite, on the driver's cursor ~15
+# SQLAlchemy a read of 8 ids took ~180-200 us of CPU on SQLite, here ~40
 # (docs/benchmarks.md, "the sixth wave"): each is a statement that commits by itself
 # (`core.store.driver.autocommit_cursor`), its own snapshot, which is all a poll needs
 # (`last_seq` only grows; `cancelling` never goes back).

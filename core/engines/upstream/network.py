@@ -2,11 +2,11 @@
 
 httpx's default backend reaches the socket through anyio: every read of a streamed
 token enters a cancel scope for its timeout (`fail_after`), a task-group aware receive
-and an `asyncio.Event`, which was about a quarter of the upstream loop's CPU per read
-(a micro-benchmark of the transport alone: ~215 us per read through anyio, ~160 us
-here; docs/benchmarks.md, "the sixth wave"). Here a read returns what the protocol has
-buffered, or waits on one future with one timer for its timeout. Everything above the
-socket is still httpcore's and httpx's (HTTP/1.1 parsing, pooling, content decoding,
+and an `asyncio.Event`, about a quarter of the upstream loop's CPU per read (the
+transport alone: 116-138 us per read through anyio, 86-99 us here; docs/benchmarks.md,
+"the sixth wave"). Here a read returns what the protocol has buffered, or waits on
+one future with one timer for its timeout. Everything above the socket is still
+httpcore's and httpx's (HTTP/1.1 parsing, pooling, content decoding,
 their exceptions); failures come out as httpcore's exceptions, which httpx maps to its
 own (`ConnectError`, `ReadTimeout`, ...), exactly as through anyio. Cancelling the
 request's task closes the connection at once, as before.
