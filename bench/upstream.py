@@ -2,7 +2,7 @@
 one run.
 
 Run from the repository root: `.venv/bin/python -m bench.upstream` (options: `--levels
-1,4,8`, `--tokens 128`, `--rounds 2`, `--threads 2`, `--parallel 4`). About 2 minutes
+1,4,8`, `--tokens 128`, `--rounds 2`, `--threads 2`, `--parallel 4`, `--nice 0`). About 2 minutes
 on 2 shared cores.
 
 One `llama-server --parallel 4` (the default SmolLM2 model, greedy) serves both sides.
@@ -149,18 +149,36 @@ def write_load(database: Path, since_ms: int, seconds: float, tokens: int) -> st
             f"{events / seconds:.0f} events/s, {writes / seconds:.0f} transactions/s")
 
 
-def cpu_seconds(group: int) -> float:
-    """User + system CPU seconds so far of the live processes of process group `group`."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+def _group_stats(group: int) -> list[tuple[Path, list[str]]]:
+    """Each live process of process group `group`: its /proc folder and its stat fields
+    after the command name."""
+    found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:  # ended while we looked
             continue
         if int(fields[2]) == group:
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
+            found.append((stat.parent, fields))
+    return found
+
+
+def cpu_seconds(group: int) -> float:
+    """User + system CPU seconds so far of the live processes of process group `group`."""
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum(int(fields[11]) + int(fields[12]) for _, fields in _group_stats(group)) / tick
+
+
+def renice(group: int, niceness: int) -> None:
+    """Every thread of process group `group` at `niceness`. Linux keeps a niceness per
+    thread and a new thread takes its creator's, so threads started later (an attempt's
+    engine thread) inherit it."""
+    for folder, _ in _group_stats(group):
+        for thread in (folder / "task").iterdir():
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(thread.name), niceness)
+            except ProcessLookupError:  # ended while we looked
+                continue
 
 
 def main() -> None:
@@ -170,6 +188,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--nice", type=int, default=0,
+                        help="run taskward at this niceness (0: as the bench and the server)")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
     print(f"load average before: {os.getloadavg()}")
@@ -184,6 +204,8 @@ def main() -> None:
             run_json(env, "models", "add-upstream", MODEL, "--base-url", server.base_url,
                      "--upstream-model", "smollm2", "--max-concurrency", "8")
             running = Runs(children).start(env)
+            if args.nice:
+                renice(running.process.pid, args.nice)
             token = running.pair()
             sides = {"direct": direct(server, args.tokens),
                      "taskward": through_taskward(running.base_url, token, args.tokens)}

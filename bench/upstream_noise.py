@@ -1,7 +1,8 @@
 """How much a saturated llama-server on this box loses to another process's CPU alone.
 
 Run from the repository root: `.venv/bin/python -m bench.upstream_noise` (options:
-`--share 0.12`, `--wakeups 1000`, `--concurrency 8`, `--rounds 3`, `--tokens 128`).
+`--share 0.12`, `--wakeups 1000`, `--nice 0`, `--concurrency 8`, `--rounds 3`,
+`--tokens 128`).
 About a minute.
 
 `bench.upstream` compares llama-server called directly with the same server behind
@@ -19,6 +20,7 @@ first half is slowed adds to their first token.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -30,28 +32,36 @@ from bench.upstream import direct, round_of
 from tests.upstream.llama import LlamaServer
 
 
-def burn(share: float, wakeups: int) -> None:
-    """Spin `share` of a core, in `wakeups` bursts a second, until killed."""
+def burn(share: float, wakeups: int, niceness: int) -> None:
+    """Spend `share` of a core, in `wakeups` bursts a second, at `niceness`, until killed.
+
+    Each burst spins for its share of CPU time (not of wall time), as a process with a
+    fixed cost per token does: preempted, it takes longer rather than spending less.
+    """
+    os.nice(niceness)
     period = 1.0 / wakeups
     spin = share * period
+    wake = time.perf_counter()
     while True:
-        until = time.perf_counter() + spin
-        while time.perf_counter() < until:
+        until = time.thread_time() + spin
+        while time.thread_time() < until:
             pass
-        time.sleep(period - spin)
+        wake += period
+        time.sleep(max(0.0, wake - time.perf_counter()))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--share", type=float, default=0.12, help="of one core")
     parser.add_argument("--wakeups", type=int, default=1000, help="bursts per second")
+    parser.add_argument("--nice", type=int, default=0, help="the burner's niceness")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--burn", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.burn:
-        burn(args.share, args.wakeups)
+        burn(args.share, args.wakeups, args.nice)
         return
     rates: dict[str, list[float]] = {"alone": [], "beside the burner": []}
     firsts: dict[str, list[float]] = {name: [] for name in rates}
@@ -65,7 +75,8 @@ def main() -> None:
                 for name in rates:
                     burner = None if name == "alone" else subprocess.Popen(
                         [sys.executable, "-m", "bench.upstream_noise", "--burn",
-                         "--share", str(args.share), "--wakeups", str(args.wakeups)])
+                         "--share", str(args.share), "--wakeups", str(args.wakeups),
+                         "--nice", str(args.nice)])
                     try:
                         rate, ttfts = round_of(one, args.concurrency)
                     finally:
@@ -77,7 +88,7 @@ def main() -> None:
         finally:
             server.kill9()
     print(f"concurrency {args.concurrency}, burner {args.share:.2f} of a core in "
-          f"{args.wakeups} wake-ups/s, {args.rounds} rounds each:")
+          f"{args.wakeups} wake-ups/s at niceness {args.nice}, {args.rounds} rounds each:")
     for name in rates:
         print(f"  {name:18} best {max(rates[name]):.0f} tokens/s, "
               f"TTFT p50 {statistics.median(firsts[name]) * 1000:.0f} ms")
