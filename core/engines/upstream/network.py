@@ -180,6 +180,10 @@ def asyncio_transport(
     context = ssl_context or httpx.create_ssl_context()  # made once: ~30 ms of CPU
     transport = httpx.AsyncHTTPTransport(verify=context, limits=limits)
     # httpx builds its pool without a way to name the backend; this is that pool with it.
+    # An httpx that keeps its pool elsewhere would silently ignore ours: refuse it.
+    if not isinstance(getattr(transport, "_pool", None), httpcore.AsyncConnectionPool):
+        raise RuntimeError("this httpx keeps no httpcore pool in `_pool`: "
+                           "core/engines/upstream/network.py needs updating for it")
     transport._pool = httpcore.AsyncConnectionPool(
         ssl_context=context,
         max_connections=limits.max_connections,
