@@ -7,13 +7,16 @@ The timeouts are set to one second here; the defaults (30 s) are tested in
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from handlers.slow_clients import bounded_body_reads
 from tests.api.served import process, service_env, wait_ready
 from tests.databases import copy_sqlite
 from tests.scheduler.processes import free_port
@@ -81,3 +84,59 @@ def test_a_client_leaving_mid_body_is_not_logged_as_an_error(served: tuple[int, 
     time.sleep(0.5)
     added = log.read_text()[len(before):]
     assert "500" not in added and "Traceback" not in added and "ERROR" not in added
+
+
+def test_a_body_in_pieces_is_read_whole_and_the_connection_kept(
+        served: tuple[int, Path]) -> None:
+    """The piece completing `Content-Length` ends the body (no wait for the server's
+    empty last piece), and the connection still serves the next request."""
+    body = b'{"code": "none-such", "name": "x"}'
+    head = (b"POST /v1/pair HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    with socket.create_connection(("127.0.0.1", served[0])) as conn:
+        conn.settimeout(CLOSED_WITHIN)
+        conn.sendall(head + body[:10])
+        time.sleep(0.3)
+        conn.sendall(body[10:])
+        first = _one_answer(conn)
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        second = _one_answer(conn)
+    assert first.startswith(b"HTTP/1.1 4") and b"body_timeout" not in first
+    assert second.startswith(b"HTTP/1.1 200")
+
+
+def _one_answer(conn: socket.socket) -> bytes:
+    """One HTTP/1.1 answer with a `Content-Length`, read off a kept-alive connection."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += conn.recv(65536)
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(rest) < length:
+        rest += conn.recv(65536)
+    return head + b"\r\n\r\n" + rest
+
+
+@pytest.mark.parametrize(("pieces", "receives"), [
+    ([b'{"a": 1}', b""], 1),  # granian's two: the bytes, then an empty end
+    ([b'{"a"', b": 1}", b""], 2),
+])
+def test_the_piece_completing_content_length_is_the_last(
+        pieces: list[bytes], receives: int) -> None:
+    """The app hears `more_body` false from the piece that brings the declared length:
+    it never waits on the server's empty end."""
+    sent = [{"type": "http.request", "body": piece, "more_body": i < len(pieces) - 1}
+            for i, piece in enumerate(pieces)]
+    heard: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return sent.pop(0)
+
+    async def app(scope: object, receive: Any, send: object) -> None:
+        while not heard or heard[-1]["more_body"]:
+            heard.append(await receive())
+
+    scope = {"type": "http", "headers": [(b"content-length", b"8")]}
+    asyncio.run(bounded_body_reads(app, 1)(scope, receive, None))  # type: ignore[arg-type]
+    assert len(heard) == receives and b"".join(m["body"] for m in heard) == b'{"a": 1}'
