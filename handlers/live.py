@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,23 +168,25 @@ class LiveTail:
     def _behind(self, polled: list[str], positions: dict[str, int]) -> bool:
         """Whether a waiter of `polled` may be behind its log (checked again on the loop,
         `_wake`, where the waiters change)."""
+        return any(self._waiting_behind(polled, positions))
+
+    def _waiting_behind(self, polled: list[str], positions: dict[str, int]) -> Iterator[_Waiter]:
+        """The unwoken waiters of `polled` whose log holds more than they saw, or whose
+        task is gone (no position). Each task's list is copied: the poll thread reads
+        it while the loop may change it."""
         for task_id in polled:
             last_seq = positions.get(task_id)
             for waiter in list(self._waiters.get(task_id, ())):
                 if not waiter.woken.done() and (last_seq is None or last_seq > waiter.seen_seq):
-                    return True
-        return False
+                    yield waiter
 
     def _heard(self, news: Logged) -> None:
         for waiter in self._waiters.get(news.task_id, []):
             waiter.hear(news.events)
 
     def _wake(self, polled: list[str], positions: dict[str, int]) -> None:
-        for task_id in polled:
-            last_seq = positions.get(task_id)  # None: the task is gone, wake its waiters
-            for waiter in self._waiters.get(task_id, []):
-                if not waiter.woken.done() and (last_seq is None or last_seq > waiter.seen_seq):
-                    waiter.read()
+        for waiter in self._waiting_behind(polled, positions):
+            waiter.read()
 
 
 async def settled(
