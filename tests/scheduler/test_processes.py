@@ -32,7 +32,7 @@ from tests.scheduler.processes import (
 )
 from tests.store.helpers import assert_log_sound, force, new_task, task_row
 
-SLOW = "words=50 delay=0.1"  # about five seconds of output
+SLOW = "words=50 delay=0.04"  # about two seconds of output: a kill lands mid-task
 
 
 def api_healthy(port: int) -> bool:
