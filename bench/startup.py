@@ -15,7 +15,9 @@ that two checkouts share the machine's load, it prints:
   the `response.loading` stamp of its first claim, as `bench/peers.py`'s drain measures
   it; spawn -> first completion, its first `response.completed` stamp; and the
   process's CPU seconds (all threads, `/proc/PID/task/*/schedstat` sampled every
-  millisecond) at the first claim's stamp.
+  millisecond) at the first claim's stamp; and the difference of those two, spawn by
+  spawn: the time before the claim the sweeper spent off a CPU (waiting on the store,
+  or on the machine's other work), which a start that only waits less shortens.
 
 Each checkout's bytecode is written first (`compileall`), as an installed package has
 it: this machine's shells export PYTHONDONTWRITEBYTECODE=1, under which every spawn
@@ -252,6 +254,8 @@ def main() -> None:
         print(f"    -> first completion "
               f"{statistics.median(run.completion_ms for run in spawns):.0f} ms, CPU at "
               f"the first claim {statistics.median(run.cpu_s for run in spawns) * 1000:.0f} ms")
+        print(f"    off a CPU before the first claim "
+              f"{statistics.median(run.claim_ms - run.cpu_s * 1000 for run in spawns):.0f} ms")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
