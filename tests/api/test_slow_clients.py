@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from handlers.slow_clients import bounded_body_reads
+from handlers.slow_clients import BodyTimeout, bounded_body_reads
 from tests.api.served import process, service_env, wait_ready
 from tests.databases import copy_sqlite
 from tests.scheduler.processes import free_port
@@ -140,3 +140,39 @@ def test_the_piece_completing_content_length_is_the_last(
     scope = {"type": "http", "headers": [(b"content-length", b"8")]}
     asyncio.run(bounded_body_reads(app, 1)(scope, receive, None))  # type: ignore[arg-type]
     assert len(heard) == receives and b"".join(m["body"] for m in heard) == b'{"a": 1}'
+
+
+def test_a_stalled_read_ends_within_a_quarter_past_its_timeout_and_others_go_on() -> None:
+    """One timer looks at every read: the stalled one gets `BodyTimeout` between its
+    timeout and a quarter more; one that had its body carries on past the deadline."""
+    timeout = 0.4
+
+    async def stalled() -> dict[str, Any]:
+        await asyncio.sleep(60)
+        raise AssertionError("never")
+
+    async def prompt() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def app(scope: object, receive: Any, send: object) -> None:
+        await receive()
+        await asyncio.sleep(timeout * 2)  # past the deadline, the body already read
+
+    middleware = bounded_body_reads(app, timeout)  # one for both, as in a process
+
+    async def timed(receive: Any) -> tuple[float, BaseException | None]:
+        scope = {"type": "http", "headers": [(b"content-length", b"2")]}
+        started = time.monotonic()
+        try:
+            await middleware(scope, receive, None)  # type: ignore[arg-type]
+        except BodyTimeout as exc:
+            return time.monotonic() - started, exc
+        return time.monotonic() - started, None
+
+    async def both() -> tuple[tuple[float, BaseException | None], ...]:
+        return await asyncio.gather(timed(stalled), timed(prompt))
+
+    (stalled_took, stalled_error), (prompt_took, prompt_error) = asyncio.run(both())
+    assert isinstance(stalled_error, BodyTimeout)
+    assert timeout <= stalled_took < timeout * 1.25 + 0.2  # + a loaded machine's slack
+    assert prompt_error is None and prompt_took >= timeout * 2
