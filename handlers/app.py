@@ -33,6 +33,7 @@ from handlers import (
     schedules,
     tasks,
 )
+from handlers.arrivals import Arrivals
 from handlers.auth import bearer_auth
 from handlers.console.routes import console_router
 from handlers.enqueuing import Enqueuer
@@ -80,7 +81,9 @@ def create_app(
         gc.freeze()
 
     tokens = TokenCache(db, recheck_seconds=settings.poll_interval_ms / 1000)
-    enqueuer = Enqueuer(db, idempotency_ttl_ms=int(settings.idempotency_ttl_hours * 3_600_000))
+    arrivals = Arrivals()
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=int(settings.idempotency_ttl_hours * 3_600_000),
+                        arrivals=arrivals)
     services = ProcessServices(db=db, settings=settings, tail=tail, enqueuer=enqueuer,
                                tokens=tokens, limits=ClientLimits(settings),
                                readiness=readiness)
@@ -92,7 +95,8 @@ def create_app(
         dependencies={"services": Provide(lambda: services, sync_to_thread=False,
                                           use_cache=True)},
         middleware=[DefineMiddleware(bounded_body_reads,
-                                     body_timeout_seconds=settings.http_body_timeout_seconds),
+                                     body_timeout_seconds=settings.http_body_timeout_seconds,
+                                     arrivals=arrivals),
                     bearer_auth()],
         request_class=BoundedRequest,
         before_request=unknown_ids_are_not_found,

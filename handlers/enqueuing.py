@@ -21,6 +21,10 @@ pages). A batch can stall, though, waiting on a row lock another transaction hol
 dedupe or idempotency key): once every batch in flight has been out for
 `STALLED_SECONDS`, another drain loop starts, up to `PARALLEL_BATCHES`, so a request
 arriving then does not wait for that lock.
+
+Before it takes a batch, a drain loop waits (briefly, `handlers.arrivals`) for the
+request bodies this process was reading when it looked: they are the rest of the wave
+the batch would otherwise leave for the next commit.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from core.store.births import NewTask
 from core.store.database import Database
 from core.store.new_tasks import Enqueued, births_alone, enqueue, enqueue_many, enqueue_many_async
 from core.store.pg_async import AutocommitConnections
+from handlers.arrivals import Arrivals
 from handlers.threads import writing
 
 MAX_BATCH = 128
@@ -45,8 +50,10 @@ _Outcome = tuple[_Answer, Enqueued | Exception]
 
 
 class Enqueuer:
-    def __init__(self, db: Database, *, idempotency_ttl_ms: int) -> None:
+    def __init__(self, db: Database, *, idempotency_ttl_ms: int,
+                 arrivals: Arrivals | None = None) -> None:
         self._db = db
+        self._arrivals = arrivals
         self._ttl_ms = idempotency_ttl_ms
         self._pending: list[_Pending] = []
         self._taking = threading.Lock()  # the event loop adds, the writer thread takes
@@ -98,6 +105,8 @@ class Enqueuer:
         assert this is not None
         try:
             while self._pending:
+                if self._arrivals is not None:
+                    await self._arrivals.read()
                 self._out_since[this] = asyncio.get_running_loop().time()
                 await self._drain_one()
                 del self._out_since[this]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -18,7 +19,9 @@ from core.store.births import NewTask
 from core.store.database import Database
 from core.store.new_tasks import Enqueued
 from core.tables import task_events, tasks
+from handlers import arrivals as arrivals_module
 from handlers import enqueuing
+from handlers.arrivals import Arrivals
 from handlers.enqueuing import Enqueuer
 
 
@@ -345,3 +348,85 @@ def test_a_refused_batch_keeps_the_loops_connection(
 
     asyncio.run(scenario())
     assert opened == [1]
+
+
+def _batch_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every batch an `Enqueuer` takes from now on."""
+    sizes: list[int] = []
+    take = Enqueuer._take
+
+    def counted(self: Enqueuer) -> list[Any]:
+        batch = take(self)
+        sizes.append(len(batch))
+        return batch
+
+    monkeypatch.setattr(Enqueuer, "_take", counted)
+    return sizes
+
+
+def test_a_batch_waits_for_the_bodies_being_read_and_carries_them(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request whose body was being read when the batch was due joins it; each
+    request is still answered only once its task is stored."""
+    monkeypatch.setattr(arrivals_module, "MAX_WAIT_SECONDS", 30.0)  # only the body ends it
+    sizes = _batch_sizes(monkeypatch)
+    arrivals = Arrivals()
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000, arrivals=arrivals)
+    stored_when_answered: list[bool] = []
+
+    async def answered() -> None:
+        answer = await enqueuer.enqueue(new(model_id), None)
+        stored_when_answered.append(_stored(db, answer.task_id))
+
+    async def scenario() -> None:
+        arrivals.started("second")  # its body is on its way
+        first = asyncio.ensure_future(answered())
+        await asyncio.sleep(0.2)
+        assert not first.done() and sizes == []  # the batch waits for that body
+        second = asyncio.ensure_future(answered())
+        await asyncio.sleep(0)  # the second request is pending
+        arrivals.finished("second")
+        await asyncio.gather(first, second)
+        await enqueuer.close()
+
+    asyncio.run(scenario())
+    assert sizes == [2] and stored_when_answered == [True, True]
+
+
+def test_a_body_that_does_not_come_holds_a_batch_for_the_bound_only(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(arrivals_module, "MAX_WAIT_SECONDS", 0.3)
+    arrivals = Arrivals()
+    arrivals.started("stalled")
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000, arrivals=arrivals)
+
+    async def timed() -> tuple[float, Enqueued]:
+        started = time.monotonic()
+        answer = await enqueuer.enqueue(new(model_id), None)
+        took = time.monotonic() - started
+        await enqueuer.close()
+        return took, answer
+
+    took, answer = asyncio.run(timed())
+    assert 0.3 <= took < 5 and _stored(db, answer.task_id)
+
+
+def test_with_no_body_on_its_way_a_batch_waits_for_nothing(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(arrivals_module, "MAX_WAIT_SECONDS", 30.0)
+    arrivals = Arrivals()
+    arrivals.started("read")
+    arrivals.finished("read")
+    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000, arrivals=arrivals)
+
+    async def timed() -> float:
+        started = time.monotonic()
+        await enqueuer.enqueue(new(model_id), None)
+        took = time.monotonic() - started
+        await enqueuer.close()
+        return took
+
+    assert asyncio.run(timed()) < 5

@@ -8,14 +8,21 @@ The timeouts are set to one second here; the defaults (30 s) are tested in
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from litestar import Litestar, post
+from litestar.middleware import DefineMiddleware
+from litestar.params import JSONBody
 
+from handlers.arrivals import Arrivals
+from handlers.errors import problem_details_plugin
 from handlers.slow_clients import BodyTimeout, bounded_body_reads
 from tests.api.served import process, service_env, wait_ready
 from tests.databases import copy_sqlite
@@ -176,3 +183,93 @@ def test_a_stalled_read_ends_within_a_quarter_past_its_timeout_and_others_go_on(
     assert isinstance(stalled_error, BodyTimeout)
     assert timeout <= stalled_took < timeout * 1.25 + 0.2  # + a loaded machine's slack
     assert prompt_error is None and prompt_took >= timeout * 2
+
+
+class _Told(Arrivals):
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[str] = []
+
+    def started(self, request: object) -> None:
+        self.told.append("started")
+        super().started(request)
+
+    def finished(self, request: object) -> None:
+        self.told.append("finished")
+        super().finished(request)
+
+
+@pytest.mark.parametrize("reads_its_body", [True, False])
+def test_a_declared_body_is_on_its_way_until_read_or_its_request_ends(
+        reads_its_body: bool) -> None:
+    """What the group commit is told (`handlers.arrivals`): a body from its request's
+    start until it has been read; one never read, until its request has ended."""
+    arrivals = _Told()
+    during: list[list[str]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def app(scope: object, receive: Any, send: object) -> None:
+        if reads_its_body:
+            await receive()
+        during.append(list(arrivals.told))
+
+    scope = {"type": "http", "headers": [(b"content-length", b"2")]}
+    asyncio.run(bounded_body_reads(app, 1, arrivals)(scope, receive, None))  # type: ignore[arg-type]
+    assert during == [["started", "finished"] if reads_its_body else ["started"]]
+    assert arrivals.told[-1] == "finished"
+
+
+@post("/echo")
+async def _echo(data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
+    return data
+
+
+class _Connection:
+    """What a server hands a request: `receive` and `send` bound to one object, as
+    granian's are to its request object, which holds the body stream (hyper closes a
+    connection with its body unread only once that stream is dropped)."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = [{"type": "http.request", "body": p, "more_body": True} for p in pieces]
+        self.statuses: list[int] = []
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.pieces:
+            await asyncio.sleep(60)  # the client stalls
+        return self.pieces.pop(0)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.statuses.append(message["status"])
+
+
+@pytest.mark.parametrize(("pieces", "status"), [
+    ([b'{"a": 1}'], 201),  # the whole body
+    ([b'{"a"'], 408),  # then nothing: the body timeout ends it
+])
+def test_a_request_leaves_nothing_holding_its_connection(
+        pieces: list[bytes], status: int) -> None:
+    """Once a request has been answered, reference counting alone frees what the
+    server bound `receive` to: a reference cycle through it would keep a stalled
+    body's connection open until the cyclic collector happened to run."""
+    app = Litestar([_echo], plugins=[problem_details_plugin()], middleware=[DefineMiddleware(
+        bounded_body_reads, body_timeout_seconds=0.2, arrivals=Arrivals())])
+    scope = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/echo", "raw_path": b"/echo", "root_path": "", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"8")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "state": {}}
+
+    async def answered() -> tuple[list[int], weakref.ref[_Connection]]:
+        connection = _Connection(pieces)
+        await app(scope, connection.receive, connection.send)  # type: ignore[arg-type]
+        return connection.statuses, weakref.ref(connection)
+
+    gc.collect()
+    gc.disable()
+    try:
+        statuses, connection = asyncio.run(answered())
+        assert statuses == [status] and connection() is None
+    finally:
+        gc.enable()
