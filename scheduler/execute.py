@@ -71,7 +71,9 @@ class _Raised:
 
 
 VerifyModel = Callable[[str], tuple[str, ModelSource]]
-Complete = Callable[[completion.Completion], None]
+# Writes a completion: `Outcome.COMPLETED` once written (raising its fenced failure), or
+# None when whoever writes it settles the attempt afterwards (`written`).
+Complete = Callable[[completion.Completion], Outcome | None]
 
 
 def execute(
@@ -82,27 +84,46 @@ def execute(
     verify: VerifyModel | None = None,
     complete: Complete | None = None,
     engines: EngineThreads | None = None,
-) -> Outcome:
+) -> Outcome | None:
     """Run `attempt` and return how it ended. Never raises for a task's own failure.
 
     `verify(model_id)` checks the model entry and file (default: `verified_model_file`
     now); a worker passes one shared by the attempts of one claim batch. `complete`
-    writes the completion, raising its fenced failure (default: a transaction of its
-    own); a worker passes its group commit. The engine runs on a thread of `engines`
+    writes the completion (default: a transaction of its own, waited for); a worker
+    passes its group commit, which settles the attempt once written: then None. The
+    engine runs on a thread of `engines`
     (default: one of its own); it normally ends with the attempt, and whoever owns
     `engines` stops them (a hung engine included).
     """
     verify = verify or partial(verified_model_file, db, settings.models_dir)
-    complete = complete or GroupCommit(partial(completion.complete_all, db)).submit
+    complete = complete or partial(_complete_alone, GroupCommit(
+        partial(completion.complete_all, db)))
     engines = engines or EngineThreads(idle_limit=0)
 
-    def run(produce: Callable[[], None], stream: Callable[[], Outcome]) -> Outcome:
+    def run(produce: Callable[[], None], stream: Callable[[], Outcome | None]) -> Outcome | None:
         engines.start(produce, f"engine-{attempt.task_id}")
         return stream()
 
-    outcome = _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete,
-                                                      run))
-    assert outcome is not None  # `run` never hands the stream over
+    return _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete, run))
+
+
+def _complete_alone(commit: GroupCommit[completion.Completion],
+                    item: completion.Completion) -> Outcome:
+    commit.submit(item)
+    return Outcome.COMPLETED
+
+
+def written(db: Database, attempt: Attempt, failure: BaseException | None) -> Outcome:
+    """The outcome of an attempt whose completion `complete` answered None for, once its
+    group is written with `failure` (None, or the item's own): a cancel that came first
+    ends in `cancelled`, a lost lease in nothing more; any other failure is raised."""
+    def answer() -> Outcome:
+        if failure is not None:
+            raise failure
+        return Outcome.COMPLETED
+
+    outcome = _settled(db, attempt, answer)
+    assert outcome is not None
     return outcome
 
 
@@ -116,10 +137,11 @@ def execute_here(
     """`execute` with the engine run on the calling thread, which then streams what it
     made, unless the engine ran so long that `watch` handed the stream to a runner
     (`scheduler.handoff`): then None, and that runner's call of the stream returns the
-    outcome. `watch(stream)` is called as the engine starts; the check it returns,
-    once the engine returned, says whether this thread still has the stream.
+    outcome (None too when `complete` settles it later). `watch(stream)` is called as
+    the engine starts; the check it returns, once the engine returned, says whether
+    this thread still has the stream.
     """
-    def run(produce: Callable[[], None], stream: Callable[[], Outcome]) -> Outcome | None:
+    def run(produce: Callable[[], None], stream: Callable[[], Outcome | None]) -> Outcome | None:
         kept = watch(lambda: _settled(db, attempt, stream))
         produce()
         return stream() if kept() else None
@@ -129,7 +151,8 @@ def execute_here(
 
 def _settled(db: Database, attempt: Attempt, step: Callable[[], Outcome | None]) -> Outcome | None:
     """`step`'s outcome, a fenced failure turned into its own; the attempt ends with it
-    unless the step handed its stream to another thread (None)."""
+    unless the step handed its stream to another thread or its completion to a group
+    commit that settles it (None)."""
     handed_over = False
     try:
         outcome = step()
@@ -144,7 +167,7 @@ def _settled(db: Database, attempt: Attempt, step: Callable[[], Outcome | None])
             attempt.end()
 
 
-RunEngine = Callable[[Callable[[], None], Callable[[], Outcome]], Outcome | None]
+RunEngine = Callable[[Callable[[], None], Callable[[], Outcome | None]], Outcome | None]
 
 
 def _execute(
@@ -202,7 +225,9 @@ def _produce(
         attempt.inbox.put(_Raised(exc))
 
 
-def _stream(db: Database, settings: Settings, attempt: Attempt, complete: Complete) -> Outcome:
+def _stream(
+    db: Database, settings: Settings, attempt: Attempt, complete: Complete
+) -> Outcome | None:
     """Consume the engine's inbox until an outcome; flush on time and size.
 
     `loading -> running` is not a transaction of its own: it rides with the first
@@ -241,8 +266,7 @@ def _stream(db: Database, settings: Settings, attempt: Attempt, complete: Comple
                 if output.full():
                     writes.flush(clock.now_ms())
             elif isinstance(item, _Ended):
-                writes.complete()
-                return Outcome.COMPLETED
+                return writes.complete()
             elif isinstance(item, _Raised):
                 return _engine_raised(db, settings, attempt, item.error)
         # Time-based flushes only once all that was taken is pending: chunks held while
@@ -294,11 +318,11 @@ class _Writes:
                                         usage=flush.usage, start=not self._running)
             self._running = True
 
-    def complete(self) -> None:
+    def complete(self) -> Outcome | None:
         events, text = self._output.take_closing()
-        self._complete(completion.Completion(self._attempt.task_id, self._attempt.claim.owner_token,
-                                             events, self._output.usage, text,
-                                             start=not self._running))
+        return self._complete(completion.Completion(
+            self._attempt.task_id, self._attempt.claim.owner_token, events, self._output.usage,
+            text, start=not self._running))
 
 
 def _stop(

@@ -1,28 +1,30 @@
 """Group commit: attempts of one worker process that end together share a transaction.
 
 A short task's whole life after its claim is one `complete` transaction, so with many
-slots the commits, not the work, bound throughput. The first runner to arrive leads a
+slots the commits, not the work, bound throughput. The first attempt to arrive leads a
 group: while other attempts still run, it waits for them to join, at most
 `gather_seconds` in all and no longer than `quiet_seconds` without anyone joining (an
 attempt in the middle of a long generation does not hold it up). It then writes every
-completion waiting in one transaction; the others wait for its answer, and whoever
-arrives during the write joins the next group. No thread is added, and each item keeps
-its own outcome: the store fences every task of a group on its own.
+completion waiting in one transaction, and whoever arrives during the write joins the
+next group, which the same leader gathers and writes. No thread is added, and each
+item keeps its own outcome: the store fences every task of a group on its own.
 
-Each group has its own condition to wait on, made when the group starts forming: the
-end of a write wakes that group's members and one waiter of the next group (to lead
-it), not everyone. With one condition for all, every completion that arrived during a
-write woke at its end, and all but the new leader went back to sleep (~0.5 wake-ups
-per task more than needed in a draining sweeper, issue 15).
+A worker's members do not wait for their group: they hand a `written` callback with
+their item and go on, and the leader settles each member once its group is written.
+Waiting cost each member a wake-up at the end of the write (and, before each group had
+its own condition, ~0.5 more per task; issue 15): a draining sweeper's engine threads
+slept twice per no-op task, once for their next attempt and once for this.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 WriteAll = Callable[[Sequence[T]], Sequence[BaseException | None]]
 
@@ -54,13 +56,18 @@ def gather(
 
 
 class GroupWriteFailed(Exception):
-    """The group's write raised (a database outage, say): every other member sees this."""
+    """The group's write raised (a database outage, say): every member sees this, the
+    write's own error as its cause."""
+
+
+Written = Callable[[BaseException | None], None]
 
 
 class _Ticket(Generic[T]):
-    def __init__(self, item: T, written: threading.Condition) -> None:
+    def __init__(self, item: T, written: Written | None, group: threading.Condition) -> None:
         self.item = item
-        self.written = written  # its group's: notified when that group is written
+        self.written = written  # called once its group is written; None: its submit waits
+        self.group = group  # its group's: notified when that group is written
         self.done = False
         self.failure: BaseException | None = None
 
@@ -74,63 +81,83 @@ class GroupCommit(Generic[T]):
         gather_seconds: float = 0.0,
         quiet_seconds: float = 0.0,
     ) -> None:
-        """`running()` counts the attempts that may still submit (the leader included):
-        a leader never waits once all of them are in its group."""
+        """`running()` counts the attempts that may still submit or wait to be written
+        (the leader's included): a leader never waits once all of them are in its group."""
         self._write_all = write_all
         self._running = running
         self._gather = gather_seconds
         self._quiet = quiet_seconds
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)  # the gathering leader waits here
-        self._forming = threading.Condition(self._lock)  # the next group's members wait here
+        self._forming = threading.Condition(self._lock)  # the next group's waiters wait here
         self._waiting: list[_Ticket[T]] = []
         self._arrived_at = 0.0  # `time.monotonic` of the latest submit
         self._leading = False  # a leader is gathering or writing
 
-    def submit(self, item: T) -> None:
-        """Write `item` with whatever else is waiting; raises the item's own failure."""
+    def submit(self, item: T, written: Written | None = None) -> None:
+        """Write `item` with whatever else is waiting.
+
+        With `written`, the caller does not wait for the write: `written(failure)` (None,
+        or the item's own failure) is called on the thread that wrote the group, once
+        written, and the submit returns at once unless nobody leads. Then the caller
+        leads: it gathers, writes and settles groups until none is waiting. Without
+        `written`, the submit returns once the item's group is written, raising the
+        item's own failure.
+        """
         with self._lock:
-            ticket = _Ticket(item, self._forming)
+            ticket = _Ticket(item, written, self._forming)
             self._waiting.append(ticket)
             self._arrived_at = time.monotonic()
-            if self._enough():  # else a gathering leader wakes at its quiet time
-                self._arrived.notify()
-            while self._leading and not ticket.done:
-                ticket.written.wait()
-            group = None if ticket.done else self._gather_group()
-        if group is not None:
-            self._lead(group, ticket)
-        if ticket.failure is not None:
+            lead = not self._leading
+            self._leading = True
+            if not lead:
+                if self._enough():  # else a gathering leader wakes at its quiet time
+                    self._arrived.notify()
+                while written is None and not ticket.done:
+                    ticket.group.wait()
+        if lead:
+            self._lead()
+        if written is None and ticket.failure is not None:
             raise ticket.failure
-
-    def _gather_group(self) -> list[_Ticket[T]]:
-        self._leading = True
-        gather(self._arrived, lambda: self._arrived_at, self._enough,
-               gather_seconds=self._gather, quiet_seconds=self._quiet)
-        group, self._waiting = self._waiting, []
-        self._forming = threading.Condition(self._lock)  # for those arriving from now
-        return group
 
     def _enough(self) -> bool:
         """Every attempt that may still submit is waiting (the lock held)."""
         return len(self._waiting) >= self._running()
 
-    def _lead(self, group: list[_Ticket[T]], leader: _Ticket[T]) -> None:
-        failures: list[BaseException | None] = []
+    def _lead(self) -> None:
+        """Gather, write and settle groups until nobody waits (whoever arrives during a
+        write joins the next one, written by the same leader: nobody is woken to lead)."""
+        with self._lock:
+            try:
+                while self._waiting:
+                    gather(self._arrived, lambda: self._arrived_at, self._enough,
+                           gather_seconds=self._gather, quiet_seconds=self._quiet)
+                    group, self._waiting = self._waiting, []
+                    self._forming = threading.Condition(self._lock)  # for those from now
+                    self._lock.release()
+                    try:
+                        self._write(group)
+                    finally:
+                        self._lock.acquire()
+            finally:  # the next submit leads, even after an error here
+                self._leading = False
+
+    def _write(self, group: list[_Ticket[T]]) -> None:
         try:
             failures = list(self._write_all([t.item for t in group]))
             if len(failures) != len(group):
                 raise ValueError("a group write must answer for every item")
-        except BaseException as exc:
-            # The original goes up the leader's stack; each member gets its own error.
-            failures = [None if t is leader else GroupWriteFailed(f"the group write failed: "
-                                                                  f"{exc!r}") for t in group]
-            raise
-        finally:
-            with self._lock:
-                for ticket, failure in zip(group, failures, strict=True):
-                    ticket.done, ticket.failure = True, failure
-                self._leading = False
-                leader.written.notify_all()  # this group's members
-                if self._waiting:  # one of the next group's, to lead it
-                    self._forming.notify()
+        except Exception as exc:
+            failed = GroupWriteFailed(f"the group write failed: {exc!r}")
+            failed.__cause__ = exc
+            failures = [failed] * len(group)
+        with self._lock:
+            for ticket, failure in zip(group, failures, strict=True):
+                ticket.done, ticket.failure = True, failure
+            group[0].group.notify_all()  # this group's waiting submits
+        for ticket in group:
+            if ticket.written is not None:
+                try:
+                    ticket.written(ticket.failure)
+                except Exception:  # one member's settling must not stop the others'
+                    log.exception("a completion's settling failed")

@@ -35,7 +35,7 @@ from core.store import claims, completion, upstream_health
 from core.store.database import Database
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
-from scheduler.execute import VerifyModel, execute, execute_here
+from scheduler.execute import VerifyModel, execute, execute_here, written
 from scheduler.group_commit import GroupCommit, gather
 from scheduler.handoff import Handoffs
 from scheduler.heartbeat import LeaseKeeper
@@ -116,13 +116,18 @@ class Workers:
             return self._executing() + len(self._unwritten)
 
     def _submit_completion(self, item: completion.Completion) -> None:
-        """Hand a finished generation to the group commit; its slot is free from now."""
+        """Hand a finished generation to the group commit, which settles its attempt
+        once written (the submitting thread goes on at once); its slot is free from now."""
         with self._lock:
+            attempt = self._active[item.task_id]
             self._handed_over.add(item.task_id)
             self._unwritten.add(item.task_id)
             self._slot_freed()
         self._on_slot_freed()
-        self._completions.submit(item)
+        self._completions.submit(item, partial(self._written, attempt))
+
+    def _written(self, attempt: Attempt, failure: BaseException | None) -> None:
+        self._settle(attempt, lambda: written(self._db, attempt, failure))
 
     def _complete_group(
         self, items: Sequence[completion.Completion]
@@ -207,7 +212,8 @@ class Workers:
 
     def _settle(self, attempt: Attempt, run: Callable[[], Outcome | None]) -> None:
         """Run the attempt (or the rest of it) and free its slot with its outcome; None:
-        the rest was handed to a runner, which settles it."""
+        the rest was handed to a runner, or the completion to the group commit, which
+        settles it."""
         try:
             outcome = run()
         except Exception:  # a database outage: the lease will expire and policy applies
