@@ -126,10 +126,10 @@ def install() -> None:
     group_commit.GroupCommit.submit = counted_submit  # type: ignore[method-assign,assignment]
     settle = workers.Workers._settle
 
-    def counted_settle(self: workers.Workers, attempt: Any, step: Any) -> None:
+    def counted_settle(self: workers.Workers, attempt: Any, step: Any, **kwargs: Any) -> None:
         if threading.current_thread().name.startswith("taskward-runner"):
             RECORD["runners"] += 1  # upstream, or handed to a runner (`Handoffs`)
-        settle(self, attempt, step)
+        settle(self, attempt, step, **kwargs)
     workers.Workers._settle = counted_settle  # type: ignore[method-assign,assignment]
     threading.Condition.wait = _counting_wait(threading.Condition.wait)  # type: ignore[method-assign]
     gc.callbacks.append(_collector)

@@ -97,37 +97,36 @@ class GroupCommit(Generic[T]):
     def submit(self, item: T, written: Written | None = None) -> None:
         """Write `item` with whatever else is waiting.
 
-        With `written`, the caller does not wait for the write: `written(failure)` (None,
-        or the item's own failure) is called on the thread that wrote the group, once
-        written, and the submit returns at once unless nobody leads. Then the caller
-        leads: it gathers, writes and settles groups until none is waiting. Without
-        `written`, the submit returns once the item's group is written, raising the
-        item's own failure.
+        Without `written`, the submit returns once the item's group is written (leading
+        it when nobody leads), raising the item's own failure. With `written`, it
+        returns at once: `written(failure)` (None, or the item's own failure) is called
+        on the thread that wrote the group, once written, and the caller calls `lead`
+        once it has nothing more to submit soon (a thread running several attempts in
+        turn would otherwise gather for the next ones, which wait behind it).
         """
         with self._lock:
             ticket = _Ticket(item, written, self._forming)
             self._waiting.append(ticket)
             self._arrived_at = time.monotonic()
-            lead = not self._leading
-            self._leading = True
-            if not lead:
-                if self._enough():  # else a gathering leader wakes at its quiet time
-                    self._arrived.notify()
-                while written is None and not ticket.done:
-                    ticket.group.wait()
-        if lead:
-            self._lead()
-        if written is None and ticket.failure is not None:
+            if self._enough():  # else a gathering leader wakes at its quiet time
+                self._arrived.notify()
+        if written is not None:
+            return
+        self.lead()
+        with self._lock:  # written by now, or by whoever led instead
+            while not ticket.done:
+                ticket.group.wait()
+        if ticket.failure is not None:
             raise ticket.failure
 
-    def _enough(self) -> bool:
-        """Every attempt that may still submit is waiting (the lock held)."""
-        return len(self._waiting) >= self._running()
-
-    def _lead(self) -> None:
-        """Gather, write and settle groups until nobody waits (whoever arrives during a
-        write joins the next one, written by the same leader: nobody is woken to lead)."""
+    def lead(self) -> None:
+        """Gather, write and settle groups until nobody waits, unless someone else leads
+        (then it writes what waits). Whoever arrives during a write joins the next
+        group, written by the same leader: nobody is woken to lead."""
         with self._lock:
+            if self._leading or not self._waiting:
+                return
+            self._leading = True
             try:
                 while self._waiting:
                     gather(self._arrived, lambda: self._arrived_at, self._enough,
@@ -139,8 +138,12 @@ class GroupCommit(Generic[T]):
                         self._write(group)
                     finally:
                         self._lock.acquire()
-            finally:  # the next submit leads, even after an error here
+            finally:  # the next `lead` leads, even after an error here
                 self._leading = False
+
+    def _enough(self) -> bool:
+        """Every attempt that may still submit is waiting (the lock held)."""
+        return len(self._waiting) >= self._running()
 
     def _write(self, group: list[_Ticket[T]]) -> None:
         try:

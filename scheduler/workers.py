@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -83,9 +83,9 @@ class Workers:
         self._completions: GroupCommit[completion.Completion] = GroupCommit(
             self._complete_group, running=self._may_submit, gather_seconds=_GATHER_SECONDS,
             quiet_seconds=_QUIET_SECONDS)
-        # A slot's runner (or engine thread) may still wait for its completion's commit
-        # while the slot's next attempt runs: twice the threads, never more attempts
-        # than slots.
+        # A slot's runner (or engine thread) may still be writing a group of completions
+        # (its own among them) while the slot's next attempt runs: twice the threads,
+        # never more attempts than slots.
         threads = 2 * sum(self._slots.values())
         self._executor = ThreadPoolExecutor(max_workers=threads,
                                             thread_name_prefix="taskward-runner")
@@ -177,6 +177,7 @@ class Workers:
         entries = {c.model: c.model_entry for c in taken}  # read by the claim
         verify = verified_once(lambda model_id: verified_entry(self._settings.models_dir,
                                                                entries[model_id]))
+        in_turn: deque[Attempt] = deque()
         for claim in taken:
             attempt = Attempt(claim, clock=self._db.clock, timeout_ms=timeout_ms,
                               lease_ms=int(self._settings.lease_seconds * 1000),
@@ -188,38 +189,70 @@ class Workers:
             if claim.upstream:  # its engine waits on the network: a runner from the start
                 self._executor.submit(self._run, attempt, verify)
             else:
-                self._engines.start(partial(self._run_here, attempt, verify),
-                                    f"engine-{claim.task_id}")
+                in_turn.append(attempt)
+        if in_turn:
+            self._engines.start(partial(self._run_in_turn, in_turn, verify),
+                                f"engine-{in_turn[0].task_id}")
         return len(taken)
+
+    def _run_in_turn(self, batch: deque[Attempt], verify: VerifyModel) -> None:
+        """A claim's local attempts, one after another on one engine thread: waking a
+        thread per attempt cost a wake-up each and the GIL's hand-offs among the 16
+        threads a claim woke together (issue 15). Whatever has not started
+        `_RUNNER_AFTER_SECONDS` after the batch did goes to engine threads of its own
+        (`scheduler.handoff`), so no attempt starts later than that behind another,
+        whether that one runs long, waits on the store or hangs."""
+        lock = threading.Lock()
+
+        def scatter() -> None:
+            with lock:
+                rest = list(batch)
+                batch.clear()
+            for attempt in rest:
+                self._engines.start(partial(self._run_in_turn, deque([attempt]), verify),
+                                    f"engine-{attempt.task_id}")
+
+        kept = self._handoffs.watch(scatter)
+        while True:
+            with lock:
+                if not batch:
+                    break
+                attempt = batch.popleft()
+            self._run_here(attempt, verify)
+        kept()
+        self._completions.lead()  # the batch's completions, unless someone writes them
 
     def _run(self, attempt: Attempt, verify: VerifyModel) -> None:
         """A runner's attempt, its engine on a thread of its own."""
         self._settle(attempt, lambda: execute(self._db, self._settings, attempt, verify=verify,
                                               complete=self._submit_completion,
-                                              engines=self._engines))
+                                              engines=self._engines), lead=True)
 
     def _run_here(self, attempt: Attempt, verify: VerifyModel) -> None:
         """An engine thread's attempt, engine and stream, unless the engine runs long
         enough to be handed a runner (`scheduler.handoff`), which then settles it."""
         def watch(stream: Callable[[], Outcome | None]) -> Callable[[], bool]:
             return self._handoffs.watch(
-                lambda: self._executor.submit(self._settle, attempt, stream))
+                lambda: self._executor.submit(self._settle, attempt, stream, lead=True))
 
         self._settle(attempt, lambda: execute_here(self._db, self._settings, attempt,
                                                    verify=verify,
                                                    complete=self._submit_completion,
                                                    watch=watch))
 
-    def _settle(self, attempt: Attempt, run: Callable[[], Outcome | None]) -> None:
+    def _settle(self, attempt: Attempt, run: Callable[[], Outcome | None], *,
+                lead: bool = False) -> None:
         """Run the attempt (or the rest of it) and free its slot with its outcome; None:
         the rest was handed to a runner, or the completion to the group commit, which
-        settles it."""
+        settles it (`lead`: write it then, unless someone else writes)."""
         try:
             outcome = run()
         except Exception:  # a database outage: the lease will expire and policy applies
             log.exception("task %s: attempt abandoned", attempt.task_id)
             outcome = Outcome.LOST
         if outcome is None:
+            if lead:
+                self._completions.lead()
             return
         self._keeper.drop(attempt)
         _record_upstream_reports(self._db)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import psycopg
 import pytest
@@ -93,6 +94,65 @@ def test_a_claim_fills_the_slots_whose_completions_still_wait_for_their_commit(
 
 def _runner_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("taskward-runner")}
+
+
+def _recording_threads(workers: Workers) -> dict[str, int]:
+    """Which thread started each attempt (task id -> thread ident)."""
+    started: dict[str, int] = {}
+    run_here = workers._run_here
+
+    def recorded(attempt: Any, verify: Any) -> None:
+        started[attempt.task_id] = threading.get_ident()
+        run_here(attempt, verify)
+
+    workers._run_here = recorded  # type: ignore[method-assign]
+    return started
+
+
+def test_a_claims_short_attempts_run_in_turn_on_one_engine_thread(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    workers = Workers(db, fast)
+    try:  # a first task loads the engine and its modules, which takes longer
+        new_task(db, model_id, input="words=2")
+        assert workers.claim() == 1
+        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 1, timeout=10,
+                   what="the first task")
+        ids = [new_task(db, model_id, input="words=2") for _ in range(4)]
+        started = _recording_threads(workers)
+        assert workers.claim() == 4
+        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 5, timeout=10,
+                   what="the four tasks")
+    finally:
+        workers.stop(drain_seconds=5)
+    assert sorted(started) == sorted(ids)
+    assert len(set(started.values())) == 1
+    for task_id in ids:
+        assert streamed_text(db, task_id) == expected_text(2)
+        assert task_row(db, task_id).status == Status.COMPLETED
+
+
+def test_attempts_behind_a_long_one_in_a_claim_start_on_threads_of_their_own(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    """A long engine first in a claim does not hold the rest back beyond the hand-over
+    time: they start on other engine threads and complete while it still runs."""
+    slow = new_task(db, model_id, input="words=3 delay=0.5")  # 1.5 s in all
+    short = [new_task(db, model_id, input="words=2") for _ in range(3)]
+    workers = Workers(db, fast)
+    started = _recording_threads(workers)
+    try:
+        assert workers.claim() == 4
+        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 3, timeout=1.2,
+                   what="the three short tasks, while the slow one runs")
+        assert task_row(db, slow).status != Status.COMPLETED
+        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 4, timeout=10,
+                   what="the slow task")
+    finally:
+        workers.stop(drain_seconds=5)
+    assert all(started[task_id] != started[slow] for task_id in short)
+    for task_id in (slow, *short):
+        assert event_types(db, task_id).count("response.completed") == 1
 
 
 def test_a_short_attempt_runs_whole_on_its_engine_thread_and_a_long_one_gets_a_runner(
