@@ -9,10 +9,11 @@ waits a moment for slots about to free up, so short tasks cost a few transaction
 batch instead of several per task. A slot is free once its attempt's engine work is
 done and its completion is handed to the group commit: the next claim then runs while
 that commit is in flight (each has its own connection and thread), instead of
-claim and completion taking turns. A local attempt starts on an engine thread, which
-runs its engine and then streams what it made; only an engine still running after a
-few milliseconds gets a runner thread beside it (`scheduler.handoff`), as an upstream
-attempt does from the start. Every thread here has an owner: runner threads belong to
+claim and completion taking turns. A claim's local attempts run in turn on one engine
+thread, each its engine and then the stream of what it made; only an engine still
+running after a few milliseconds gets a runner thread beside it (`scheduler.handoff`),
+as an upstream attempt does from the start, and the attempts not yet started by then
+get engine threads of their own. Every thread here has an owner: runner threads belong to
 the executor, engine threads to `EngineThreads` (reused across attempts), the lease
 keeper to the pool, the hand-off watcher to `Handoffs`, and `stop` ends them all.
 """

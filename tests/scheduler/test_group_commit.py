@@ -112,9 +112,10 @@ def test_the_quiet_window_counts_from_the_latest_arrival() -> None:
 
 def test_members_with_a_callback_go_on_and_the_leader_settles_them_after_each_write() -> None:
     """Completions that arrive during a write neither wait for it nor lead the next
-    group: each submit returns at once, the leader that is writing gathers them into the
-    next group, and every member's callback runs on the leader's thread, after the write
-    of its group has returned (a completion is never reported before its commit)."""
+    group: each submit (and `lead`) returns at once, the leader that is writing gathers
+    them into the next group, and every member's callback runs on the leader's thread,
+    after the write of its group has returned (a completion is never reported before
+    its commit)."""
     writing, release = threading.Event(), threading.Event()
     groups: list[list[str]] = []
     settled: list[tuple[str, BaseException | None, int, int]] = []
@@ -133,13 +134,18 @@ def test_members_with_a_callback_go_on_and_the_leader_settles_them_after_each_wr
     running = [1]  # the first group is its leader alone; then the three that arrive
     commit = GroupCommit(write, running=lambda: running[0], gather_seconds=LONG,
                          quiet_seconds=LONG)
-    leader = threading.Thread(target=commit.submit, args=("first", callback("first")))
+    def lead_first() -> None:
+        commit.submit("first", callback("first"))
+        commit.lead()
+
+    leader = threading.Thread(target=lead_first)
     leader.start()
     assert writing.wait(10)
     running[0] = 3
     for item in "abc":
         started = time.monotonic()
-        commit.submit(item, callback(item))  # from this thread: it must not block
+        commit.submit(item, callback(item))  # from this thread: neither blocks
+        commit.lead()  # someone leads: it writes this one
         assert time.monotonic() - started < 1
     assert settled == []  # nothing is reported while its write is out
     release.set()
