@@ -14,6 +14,9 @@ work (issue 15). One watcher thread per worker process hands every attempt whose
 engine is still running `after_seconds` after it started to a runner, which streams
 it exactly as before while the engine goes on on its thread; the engine thread's own
 stream and the runner's are exclusive (`watch` / the check it returns, under one lock).
+The same watch serves a claim's attempts run in turn on one engine thread
+(`scheduler.workers`): those not started `after_seconds` after their batch did are
+moved to engine threads of their own, so none waits longer behind another.
 """
 
 from __future__ import annotations
