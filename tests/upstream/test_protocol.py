@@ -8,7 +8,13 @@ from email.utils import format_datetime
 import pytest
 
 from core.engines.upstream.hosts import UrlRefused, check_allowed
-from core.engines.upstream.protocol import EchoStrip, parse_retry_after, status_error
+from core.engines.upstream.protocol import (
+    EchoStrip,
+    Piece,
+    parse_chunk,
+    parse_retry_after,
+    status_error,
+)
 
 
 def stream(strip: EchoStrip, *deltas: str) -> str:
@@ -25,6 +31,14 @@ def test_an_echoed_prefix_is_stripped_even_across_deltas() -> None:
 def test_a_continuation_without_echo_is_kept_whole() -> None:
     assert stream(EchoStrip("One, two,"), " three", ", four") == " three, four"
     assert stream(EchoStrip("One, two,"), "One") == "One"  # ended while it still could be
+
+
+@pytest.mark.parametrize("chunk", [{"choices": {"0": {}}}, {"choices": "text"},
+                                   {"choices": None}, {"choices": ["text"]}, {}])
+def test_a_chunk_without_a_list_of_choices_carries_no_text(chunk: dict[str, object]) -> None:
+    # A server's odd shape is no text, not a crash of the attempt (a dict of choices
+    # raised KeyError).
+    assert parse_chunk(chunk, "http://u") == Piece("")
 
 
 @pytest.mark.parametrize(("status", "code", "retryable"), [

@@ -71,8 +71,8 @@ def parse_chunk(chunk: Any, url: str) -> Piece:
                               f"(status {status})", retryable=False)
         raise stream_broken(url)
     text, finished = "", False
-    choices = chunk.get("choices") or []
-    if choices and isinstance(choices[0], dict):
+    choices = chunk.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         delta = choices[0].get("delta") or {}
         content = delta.get("content") if isinstance(delta, dict) else None
         text = content if isinstance(content, str) else ""
