@@ -400,16 +400,8 @@ def test_a_body_that_does_not_come_holds_a_batch_for_the_bound_only(
     monkeypatch.setattr(arrivals_module, "MAX_WAIT_SECONDS", 0.3)
     arrivals = Arrivals()
     arrivals.started("stalled")
-    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000, arrivals=arrivals)
-
-    async def timed() -> tuple[float, Enqueued]:
-        started = time.monotonic()
-        answer = await enqueuer.enqueue(new(model_id), None)
-        took = time.monotonic() - started
-        await enqueuer.close()
-        return took, answer
-
-    took, answer = asyncio.run(timed())
+    took, answer = asyncio.run(_timed_enqueue(
+        Enqueuer(db, idempotency_ttl_ms=60_000, arrivals=arrivals), new(model_id)))
     assert 0.3 <= took < 5 and _stored(db, answer.task_id)
 
 
@@ -420,13 +412,15 @@ def test_with_no_body_on_its_way_a_batch_waits_for_nothing(
     arrivals = Arrivals()
     arrivals.started("read")
     arrivals.finished("read")
-    enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000, arrivals=arrivals)
+    took, _ = asyncio.run(_timed_enqueue(
+        Enqueuer(db, idempotency_ttl_ms=60_000, arrivals=arrivals), new(model_id)))
+    assert took < 5
 
-    async def timed() -> float:
-        started = time.monotonic()
-        await enqueuer.enqueue(new(model_id), None)
-        took = time.monotonic() - started
-        await enqueuer.close()
-        return took
 
-    assert asyncio.run(timed()) < 5
+async def _timed_enqueue(enqueuer: Enqueuer, task: NewTask) -> tuple[float, Enqueued]:
+    """One enqueue through `enqueuer` (closed afterwards) and how long its answer took."""
+    started = time.monotonic()
+    answer = await enqueuer.enqueue(task, None)
+    took = time.monotonic() - started
+    await enqueuer.close()
+    return took, answer
