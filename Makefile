@@ -42,8 +42,10 @@ $(CHROMIUM):
 run: install
 	$(VENV)/bin/taskward run
 
+# Two pytest processes, each a file at a time with its own databases: most of the suite
+# waits (on child processes, leases, servers), so two halve its time (9.5 -> 4.8 min here).
 test: install test-tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 test-slow: install test-tools
 	$(PY) -m pytest -q -m slow
