@@ -63,6 +63,14 @@ class GroupWriteFailed(Exception):
 Written = Callable[[BaseException | None], None]
 
 
+def _write_failed(cause: BaseException) -> GroupWriteFailed:
+    """One member's failure when its group's write raised: each its own instance, as
+    each may be raised on a thread of its own."""
+    failed = GroupWriteFailed(f"the group write failed: {cause!r}")
+    failed.__cause__ = cause
+    return failed
+
+
 class _Ticket(Generic[T]):
     def __init__(self, item: T, written: Written | None, group: threading.Condition) -> None:
         self.item = item
@@ -146,14 +154,15 @@ class GroupCommit(Generic[T]):
         return len(self._waiting) >= self._running()
 
     def _write(self, group: list[_Ticket[T]]) -> None:
+        interrupted: BaseException | None = None
         try:
             failures = list(self._write_all([t.item for t in group]))
             if len(failures) != len(group):
                 raise ValueError("a group write must answer for every item")
-        except Exception as exc:
-            failed = GroupWriteFailed(f"the group write failed: {exc!r}")
-            failed.__cause__ = exc
-            failures = [failed] * len(group)
+        except BaseException as exc:  # every member is settled, whatever the write raised
+            failures = [_write_failed(exc) for _ in group]
+            if not isinstance(exc, Exception):  # an interrupt goes on up, once all are settled
+                interrupted = exc
         with self._lock:
             for ticket, failure in zip(group, failures, strict=True):
                 ticket.done, ticket.failure = True, failure
@@ -164,3 +173,5 @@ class GroupCommit(Generic[T]):
                     ticket.written(ticket.failure)
                 except Exception:  # one member's settling must not stop the others'
                     log.exception("a completion's settling failed")
+        if interrupted is not None:
+            raise interrupted

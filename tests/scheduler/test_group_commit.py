@@ -189,6 +189,21 @@ def test_a_write_that_answers_for_too_few_items_fails_them_all() -> None:
         commit.submit("x")
 
 
+def test_an_interrupt_in_the_write_settles_every_member_then_goes_on_up() -> None:
+    def interrupted(items: Sequence[str]) -> list[BaseException | None]:
+        raise KeyboardInterrupt
+
+    commit = GroupCommit(interrupted, running=lambda: 2, gather_seconds=LONG,
+                         quiet_seconds=LONG)
+    settled: list[BaseException | None] = []
+    commit.submit("member", settled.append)  # goes on at once; the leader settles it
+    with pytest.raises(KeyboardInterrupt):
+        commit.submit("leader")
+    [failure] = settled
+    assert isinstance(failure, GroupWriteFailed)
+    assert isinstance(failure.__cause__, KeyboardInterrupt)
+
+
 def test_a_worker_completes_a_burst_of_short_tasks_in_shared_transactions(
     db: Database, fast: Settings, model_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
