@@ -44,7 +44,10 @@ class Arrivals:
         waiter = (set(self._reading), asyncio.get_running_loop().create_future())
         self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(waiter[1], MAX_WAIT_SECONDS)
+            # `timeout`, not `wait_for`: on Python 3.11 `wait_for` wraps the wait in a
+            # task of its own, on every batch taken under load.
+            async with asyncio.timeout(MAX_WAIT_SECONDS):
+                await waiter[1]
         except TimeoutError:
             pass
         finally:
