@@ -12,6 +12,10 @@ PostgreSQL the CPU of the database's backends and the commits per POST
 (`pg_stat_database`). Unlike the requests per second beside it, it hardly depends on
 what else runs on this shared machine.
 
+`--bare`: the same, served the same way (`infra.server.serve`, 1 worker), against
+`bench/bare_app.py`, a Litestar app with one POST handler and nothing else: what
+granian and Litestar cost by themselves, the ceiling the figures above are held to.
+
 `--store-only`: the group commit (`handlers.enqueuing.Enqueuer`) driven directly,
 no HTTP at all, `--keyed` with an Idempotency-Key per request; CPU of the process per
 enqueue and the mean batch.
@@ -93,6 +97,8 @@ def thread_cpu(pids: list[int]) -> dict[str, float]:
             except OSError:
                 continue
             name = name.rstrip("0123456789_-") or name
+            if task.name == str(pid) and pid != pids[0]:
+                name = f"{name} main"  # a worker's main thread: its event loop
             seconds[name] = (seconds.get(name, 0.0)
                              + (int(fields[11]) + int(fields[12])) / _TICKS)
     return seconds
@@ -130,18 +136,22 @@ def commits(settings: Settings) -> int:
 
 
 def served(settings: Settings, token: str, workers: int, producers: int, posts: int,
-           logs: Path, spy: str | None = None) -> dict[str, Any]:
+           logs: Path, spy: str | None = None, bare: bool = False) -> dict[str, Any]:
     port = free_port()
     argv = [TASKWARD, "serve", "--port", str(port), "--workers", str(workers)]
+    if bare:
+        argv = [sys.executable, "-c", "from infra.server import serve; serve("
+                f"'bench.bare_app:app', port={port}, workers={workers}, factory=False)"]
     request = request_bytes(token)
     with processes([(argv, environment(settings))], logs, "serve") as [child]:
-        wait_until(lambda: _ready(port), timeout=60, what="the API")
+        wait_until(lambda: _ready(port, "/schema" if bare else "/readyz"), timeout=60,
+                   what="the API")
         asyncio.run(drive(port, request, producers, max(400, posts // 5)))  # warm-up
         time.sleep(0.3)
         pids = descendants(child.process.pid)
         database = settings.database_url.rsplit("/", 1)[1]
         before, served_before = thread_cpu(pids), {}
-        if not settings.is_sqlite:
+        if not settings.is_sqlite and not bare:
             served_before, commits_before = server_cpu(database), commits(settings)
         spies = [] if spy is None else [subprocess.Popen(
             [str(Path(sys.executable).with_name("py-spy")), "record", "--gil", "--nonblocking",
@@ -153,7 +163,7 @@ def served(settings: Settings, token: str, workers: int, producers: int, posts: 
             profiler.send_signal(signal.SIGINT)
             profiler.wait(timeout=30)
         server_ms = commit_ratio = 0.0
-        if not settings.is_sqlite:
+        if not settings.is_sqlite and not bare:
             serving = server_cpu(database)
             server_ms = 1000 * sum(cpu - served_before.get(pid, 0.0)
                                    for pid, cpu in serving.items()) / posts
@@ -165,10 +175,10 @@ def served(settings: Settings, token: str, workers: int, producers: int, posts: 
             "p50_ms": 1000 * latencies[len(latencies) // 2]}
 
 
-def _ready(port: int) -> bool:
+def _ready(port: int, path: str) -> bool:
     import httpx
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -305,6 +315,9 @@ def main() -> None:
     parser.add_argument("--stores", default="postgresql,sqlite")
     parser.add_argument("--workers", type=int, default=0,
                         help="serve workers (default: 2 on PostgreSQL, 1 on SQLite)")
+    parser.add_argument("--bare", action="store_true",
+                        help="served: bench/bare_app.py instead of taskward (1 worker "
+                        "unless --workers; --stores then only names the run)")
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--profile", help="with --in-process: cProfile output file")
     parser.add_argument("--fake-store", action="store_true",
@@ -347,9 +360,10 @@ def main() -> None:
                           f"{figures['statements']:.2f} statements/POST {figures['by_kind']}, "
                           f"{figures['rate']:.0f}/s, {figures['statuses']}", flush=True)
                     continue
-                workers = args.workers or (1 if kind == "sqlite" else 2)
+                workers = args.workers or (1 if kind == "sqlite" or args.bare else 2)
                 figures = served(settings, token, workers, args.producers, args.posts, logs,
-                                 args.spy and f"{args.spy}.{kind}")
+                                 args.spy and f"{args.spy}.{kind}", args.bare)
+                kind = "bare" if args.bare else kind
                 threads = ", ".join(f"{name} {ms:.3f}" for name, ms in
                                     sorted(figures["threads"].items(), key=lambda x: -x[1])
                                     if ms >= 0.005)
