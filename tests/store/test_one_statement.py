@@ -82,8 +82,9 @@ def _scenario(
     fresh, resumed = by_id[ids["fresh"]], by_id[ids["resume"]]
     force(db, ids["retry"], status=Status.CANCELLING.value)  # a cancel came meanwhile
     retry = by_id[ids["retry"]]
-    # Data that JSON must escape or may leave raw: stored as `encoded` writes it.
-    closing = [Event("response.output_text.done", {"text": 'x "q" \\ é 🙂\n\u0001'}),
+    # Data that JSON must escape or may leave raw, and the separator of the events'
+    # parameters (`pg_completion._SEPARATOR`): stored as `encoded` writes it.
+    closing = [Event("response.output_text.done", {"text": 'x "q" \\ é 🙂\n\u0001\u001f'}),
                Event("response.output_item.done", {"item": {"content": [], "n": 1.5}})]
     failures = completion.complete_all(worker, [
         completion.Completion(fresh.task_id, fresh.owner_token, closing, Usage(1, 1), "x",
@@ -137,7 +138,7 @@ def test_the_one_statement_claim_and_completion_write_what_the_separate_ones_wri
     assert separate[2] == at_once_[2]
     [done_data] = [data for name, _, kind, _, data in at_once_[2]["events"]
                    if (name, kind) == ("fresh", "response.output_text.done")]
-    assert done_data == encoded({"text": 'x "q" \\ é 🙂\n\u0001'})
+    assert done_data == encoded({"text": 'x "q" \\ é 🙂\n\u0001\u001f'})
     states = {name: row["status"] for name, row in at_once_[2]["tasks"].items()}
     assert states == {"fresh": "completed", "retry": "cancelling", "spent": "failed",
                       "resume": "completed", "resume_spent": "failed"}
