@@ -21,9 +21,11 @@ crash are picked up at once.
 `start` claims first: the claimer's first claim goes before the listener connects and
 before the start's maintenance pass (whose modules are imported only then), so work
 already queued when a sweeper starts does not wait for either (issue 15: that pass and
-the LISTEN connection shared the GIL with the first claim). Nothing is lost by the
-order: the listener wakes the claimer once it listens, for whatever was announced
-before, and maintenance never was ordered before claiming (they run on two threads).
+the LISTEN connection shared the GIL with the first claim). What the claimed attempts
+run with (`scheduler.execute`: the request models, completion) is imported while that
+claim is in flight, not before it. Nothing is lost by the order: the listener wakes the
+claimer once it listens, for whatever was announced before, and maintenance never was
+ordered before claiming (they run on two threads).
 
 `stop` is the graceful stop of docs/operations.md: no new claims, running attempts drain
 until `TASKWARD_DRAIN_SECONDS`, what is left is handed back. Every thread started here
@@ -38,7 +40,7 @@ import threading
 from core.settings import Settings
 from core.store.database import WORK_CHANNEL, Database
 from scheduler.timer import MaintenanceTimer
-from scheduler.workers import Workers
+from scheduler.workers import Workers, import_attempt_modules
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class SweeperLoop:
     def start(self) -> None:
         self._workers = Workers(self._db, self._settings, on_slot_freed=self._wake.set)
         self._claimer.start()
+        import_attempt_modules()  # while the first claim is in flight
         self._first_claim.wait(_FIRST_CLAIM_WAIT_SECONDS)
         if self._listener is not None:
             self._listener.start()

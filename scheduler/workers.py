@@ -27,20 +27,24 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import TYPE_CHECKING
 
 from core.engines.base import EngineError, ModelSource
 from core.engines.upstream.routing import ROUTER
 from core.models_registry import verified_entry
 from core.settings import Settings
-from core.store import claims, completion, upstream_health
+from core.store import claims
 from core.store.database import Database
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
-from scheduler.execute import VerifyModel, execute, execute_here, written
 from scheduler.group_commit import GroupCommit, gather
 from scheduler.handoff import Handoffs
 from scheduler.heartbeat import LeaseKeeper
 from scheduler.output import FIRST_FLUSH_MS
+
+if TYPE_CHECKING:
+    from core.store import completion
+    from scheduler.execute import VerifyModel
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +132,17 @@ class Workers:
         self._completions.submit(item, partial(self._written, attempt))
 
     def _written(self, attempt: Attempt, failure: BaseException | None) -> None:
+        from scheduler.execute import written
+
         self._settle(attempt, lambda: written(self._db, attempt, failure))
 
     def _complete_group(
         self, items: Sequence[completion.Completion]
     ) -> Sequence[BaseException | None]:
+        from core.store.completion import complete_all
+
         try:
-            return completion.complete_all(self._db, items)
+            return complete_all(self._db, items)
         finally:  # before the next group's leader counts who may still submit
             with self._lock:
                 self._unwritten.difference_update(item.task_id for item in items)
@@ -225,6 +233,8 @@ class Workers:
 
     def _run(self, attempt: Attempt, verify: VerifyModel) -> None:
         """A runner's attempt, its engine on a thread of its own."""
+        from scheduler.execute import execute
+
         self._settle(attempt, lambda: execute(self._db, self._settings, attempt, verify=verify,
                                               complete=self._submit_completion,
                                               engines=self._engines), lead=True)
@@ -232,6 +242,8 @@ class Workers:
     def _run_here(self, attempt: Attempt, verify: VerifyModel) -> None:
         """An engine thread's attempt, engine and stream, unless the engine runs long
         enough to be handed a runner (`scheduler.handoff`), which then settles it."""
+        from scheduler.execute import execute_here
+
         def watch(stream: Callable[[], Outcome | None]) -> Callable[[], bool]:
             return self._handoffs.watch(
                 lambda: self._executor.submit(self._settle, attempt, stream, lead=True))
@@ -317,10 +329,21 @@ def _record_upstream_reports(db: Database) -> None:
     reports = ROUTER.take_reports()
     if not reports:
         return
+    from core.store import upstream_health
+
     try:
         upstream_health.record(db, reports)
     except Exception as exc:  # never let monitoring break a slot
         log.warning("upstream reports not stored (%s)", type(exc).__name__)
+
+
+def import_attempt_modules() -> None:
+    """Import what an attempt runs with (`scheduler.execute`: the request models, the
+    engines' calls, completion): `Workers` imports it at an attempt's first use, so a
+    process that only claims does not pay for it first. `SweeperLoop.start` calls this
+    while its first claim is in flight (issue 15)."""
+    import core.store.completion  # noqa: F401
+    import scheduler.execute  # noqa: F401
 
 
 def verified_once(verify: VerifyModel) -> VerifyModel:
