@@ -22,8 +22,8 @@ crash are picked up at once.
 before the start's maintenance pass (whose modules are imported only then), so work
 already queued when a sweeper starts does not wait for either (issue 15: that pass and
 the LISTEN connection shared the GIL with the first claim). What the claimed attempts
-run with (`scheduler.execute`: the request models, completion) is imported while that
-claim is in flight, not before it. Nothing is lost by the order: the listener wakes the
+run with (`scheduler.execute`: the request models, completion) is imported once that
+claim has returned, not before it. Nothing is lost by the order: the listener wakes the
 claimer once it listens, for whatever was announced before, and maintenance never was
 ordered before claiming (they run on two threads).
 
@@ -74,8 +74,8 @@ class SweeperLoop:
     def start(self) -> None:
         self._workers = Workers(self._db, self._settings, on_slot_freed=self._wake.set)
         self._claimer.start()
-        import_attempt_modules()  # while the first claim is in flight
         self._first_claim.wait(_FIRST_CLAIM_WAIT_SECONDS)
+        import_attempt_modules()  # for the first claim's attempts, once it is taken
         if self._listener is not None:
             self._listener.start()
         self._maintenance.start()

@@ -340,8 +340,8 @@ def _record_upstream_reports(db: Database) -> None:
 def import_attempt_modules() -> None:
     """Import what an attempt runs with (`scheduler.execute`: the request models, the
     engines' calls, completion): `Workers` imports it at an attempt's first use, so a
-    process that only claims does not pay for it first. `SweeperLoop.start` calls this
-    while its first claim is in flight (issue 15)."""
+    process does not pay for it before its first claim. `SweeperLoop.start` calls this
+    once that claim has returned (issue 15)."""
     import core.store.completion  # noqa: F401
     import scheduler.execute  # noqa: F401
 

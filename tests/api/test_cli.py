@@ -152,8 +152,8 @@ def test_the_sweeper_command_loads_no_http_server() -> None:
     # is not used at all (`core.settings` reads its sources itself). Nor what comes after
     # the first claim: croniter (and its dateutil, and its `file` subprocess) walks the
     # maintenance schedule, tomllib reads a `taskward.toml` only where there is one, and
-    # what an attempt runs with (the request models, completion) is imported while the
-    # first claim is in flight (`SweeperLoop.start`).
+    # what an attempt runs with (the request models, completion) is imported once the
+    # first claim has returned (`SweeperLoop.start`).
     unused = ("granian", "litestar", "handlers", "alembic", "pydantic_settings", "httpx",
               "croniter", "dateutil", "tomllib", "scheduler.execute", "core.requests",
               "core.store.completion")
