@@ -72,6 +72,23 @@ def test_the_migrated_schema_is_the_one_core_tables_declares(database_url: str) 
     assert differences == []
 
 
+def test_each_partial_index_gives_both_stores_its_where() -> None:
+    """`core.tables` hands a partial index's `where` to the dialects only when they are
+    asked for it (a process then imports its own store's dialect only): the DDL of
+    either store still carries it, and alembic still sees it."""
+    from sqlalchemy.dialects import postgresql, sqlite
+    from sqlalchemy.schema import CreateIndex
+
+    partial = [index for table in metadata.tables.values() for index in table.indexes
+               if index.dialect_options["sqlite"]["where"] is not None]
+    assert "ix_tasks_due" in {index.name for index in partial}
+    for index in partial:
+        where = str(index.dialect_kwargs["sqlite_where"])
+        assert str(index.dialect_kwargs["postgresql_where"]) == where
+        for dialect in (sqlite.dialect(), postgresql.dialect()):
+            assert str(CreateIndex(index).compile(dialect=dialect)).endswith(f"WHERE {where}")
+
+
 def test_the_revision_chain_read_from_the_files_is_alembics() -> None:
     from alembic.script import ScriptDirectory
 

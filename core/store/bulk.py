@@ -10,9 +10,11 @@ read as a table (`json_to_recordset` on PostgreSQL, `json_each` on SQLite), and 
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Mapping, Sequence
 from functools import cache
+from types import ModuleType
 from typing import Any
 
 from sqlalchemy import (
@@ -28,8 +30,14 @@ from sqlalchemy import (
     func,
     select,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import TypeEngine
+
+
+def dialect_module(dialect_name: str) -> ModuleType:
+    """A store's SQLAlchemy dialect (its `insert` builds ON CONFLICT statements), imported
+    when a statement needs it: a process then loads its own store's only (issue 15; see
+    `core.tables`)."""
+    return importlib.import_module(f"sqlalchemy.dialects.{dialect_name}")
 
 
 def json_rows(
@@ -82,8 +90,8 @@ def insert_rows(
 def _values_insert(
     dialect_name: str, table: Table, skip_conflicts: bool, returning: tuple[str, ...]
 ) -> Any:
-    dialect = postgresql if dialect_name == "postgresql" else sqlite
-    return _finished(dialect.insert(table), table, skip_conflicts, returning)
+    return _finished(dialect_module(dialect_name).insert(table), table, skip_conflicts,
+                     returning)
 
 
 @cache
@@ -91,8 +99,8 @@ def _recordset_insert(
     keys: tuple[str, ...], table: Table, skip_conflicts: bool, returning: tuple[str, ...]
 ) -> Any:
     given = json_rows("postgresql", "rows", [(key, table.c[key].type) for key in keys])
-    statement = postgresql.insert(table).from_select([table.c[key] for key in keys],
-                                                     select(*given.c))
+    statement = dialect_module("postgresql").insert(table).from_select(
+        [table.c[key] for key in keys], select(*given.c))
     return _finished(statement, table, skip_conflicts, returning)
 
 

@@ -11,10 +11,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, bindparam, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from core.engines.upstream.routing import Reports
 from core.store import capacity
+from core.store.bulk import dialect_module
 from core.store.database import Database
 from core.tables import upstream_cooldowns, upstream_errors
 
@@ -28,7 +28,7 @@ class UpstreamStats:
 
 def record(db: Database, reports: Reports) -> None:
     """Add `reports` to the stored counters and cool-downs, in one transaction."""
-    dialect = postgresql if not db.is_sqlite else sqlite
+    dialect = dialect_module("sqlite" if db.is_sqlite else "postgresql")
     with db.write() as conn:
         now = db.clock.now_ms()
         if reports.errors:

@@ -153,10 +153,12 @@ def test_the_sweeper_command_loads_no_http_server() -> None:
     # the first claim: croniter (and its dateutil, and its `file` subprocess) walks the
     # maintenance schedule, tomllib reads a `taskward.toml` only where there is one, and
     # what an attempt runs with (the request models, completion) is imported once the
-    # first claim has returned (`SweeperLoop.start`).
+    # first claim has returned (`SweeperLoop.start`). No store's dialect either: the
+    # engine, made later, imports its own (`core.tables` names both).
     unused = ("granian", "litestar", "handlers", "alembic", "pydantic_settings", "httpx",
               "croniter", "dateutil", "tomllib", "scheduler.execute", "core.requests",
-              "core.store.completion")
+              "core.store.completion", "sqlalchemy.dialects.sqlite",
+              "sqlalchemy.dialects.postgresql")
     probe = ("import sys; from infra.cli import main; main.get_command(None, 'sweeper'); "
              "import scheduler.loop; "
              f"print(sorted(m for m in {unused!r} if m in sys.modules))")
