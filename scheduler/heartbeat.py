@@ -19,7 +19,6 @@ from core.errors import LeaseLost
 from core.states import Status
 from core.store import worker_writes
 from core.store.database import Database
-from core.store.tasks import cancelling_among
 from scheduler.attempt import Attempt, StopReason
 
 log = logging.getLogger(__name__)
@@ -71,6 +70,8 @@ class LeaseKeeper:
         """The held tasks now `cancelling` (that state never goes back to running)."""
         if not held:
             return set()
+        from core.store.tasks import cancelling_among  # not before the first claim
+
         try:
             return cancelling_among(self._db, [attempt.task_id for attempt in held])
         except Exception:  # an unreachable store: the renewals report it

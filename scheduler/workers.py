@@ -20,6 +20,7 @@ keeper to the pool, the hand-off watcher to `Handoffs`, and `stop` ends them all
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
@@ -31,7 +32,6 @@ from typing import TYPE_CHECKING
 
 from core.engines.base import EngineError, ModelSource
 from core.engines.upstream.routing import ROUTER
-from core.models_registry import verified_entry
 from core.settings import Settings
 from core.store import claims
 from core.store.database import Database
@@ -182,6 +182,8 @@ class Workers:
             self._backlog = any(
                 free > 0 and sum(1 for c in taken if c.upstream == kind) == free
                 for kind, free in ((False, local), (True, upstream)))
+        from core.models_registry import verified_entry  # an attempt's, not the claim's
+
         timeout_ms = int(self._settings.task_timeout_seconds * 1000)
         entries = {c.model: c.model_entry for c in taken}  # read by the claim
         verify = verified_once(lambda model_id: verified_entry(self._settings.models_dir,
@@ -339,11 +341,11 @@ def _record_upstream_reports(db: Database) -> None:
 
 def import_attempt_modules() -> None:
     """Import what an attempt runs with (`scheduler.execute`: the request models, the
-    engines' calls, completion): `Workers` imports it at an attempt's first use, so a
+    engines' calls, completion; the model check): `Workers` imports it at first use, so a
     process does not pay for it before its first claim. `SweeperLoop.start` calls this
     once that claim has returned (issue 15)."""
-    import core.store.completion  # noqa: F401
-    import scheduler.execute  # noqa: F401
+    for name in ("scheduler.execute", "core.store.tasks"):  # the second the lease keeper's
+        importlib.import_module(name)
 
 
 def verified_once(verify: VerifyModel) -> VerifyModel:
