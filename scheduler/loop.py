@@ -23,9 +23,9 @@ before the start's maintenance pass (whose modules are imported only then), so w
 already queued when a sweeper starts does not wait for either (issue 15: that pass and
 the LISTEN connection shared the GIL with the first claim). What the claimed attempts
 run with (`scheduler.execute`: the request models, completion) is imported once that
-claim has returned, not before it. Nothing is lost by the order: the listener wakes the
-claimer once it listens, for whatever was announced before, and maintenance never was
-ordered before claiming (they run on two threads).
+claim has taken work, not before it (`Workers.claim`). Nothing is lost by the order:
+the listener wakes the claimer once it listens, for whatever was announced before, and
+maintenance never was ordered before claiming (they run on two threads).
 
 `stop` is the graceful stop of docs/operations.md: no new claims, running attempts drain
 until `TASKWARD_DRAIN_SECONDS`, what is left is handed back. Every thread started here
@@ -40,7 +40,7 @@ import threading
 from core.settings import Settings
 from core.store.database import WORK_CHANNEL, Database
 from scheduler.timer import MaintenanceTimer
-from scheduler.workers import Workers, import_attempt_modules
+from scheduler.workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,6 @@ class SweeperLoop:
         self._workers = Workers(self._db, self._settings, on_slot_freed=self._wake.set)
         self._claimer.start()
         self._first_claim.wait(_FIRST_CLAIM_WAIT_SECONDS)
-        import_attempt_modules()  # for the first claim's attempts, once it is taken
         if self._listener is not None:
             self._listener.start()
         self._maintenance.start()

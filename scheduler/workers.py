@@ -182,7 +182,10 @@ class Workers:
             self._backlog = any(
                 free > 0 and sum(1 for c in taken if c.upstream == kind) == free
                 for kind, free in ((False, local), (True, upstream)))
-        from core.models_registry import verified_entry  # an attempt's, not the claim's
+        if not taken:
+            return 0
+        _import_attempt_modules()
+        from core.models_registry import verified_entry
 
         timeout_ms = int(self._settings.task_timeout_seconds * 1000)
         entries = {c.model: c.model_entry for c in taken}  # read by the claim
@@ -339,12 +342,14 @@ def _record_upstream_reports(db: Database) -> None:
         log.warning("upstream reports not stored (%s)", type(exc).__name__)
 
 
-def import_attempt_modules() -> None:
+def _import_attempt_modules() -> None:
     """Import what an attempt runs with (`scheduler.execute`: the request models, the
-    engines' calls, completion; the model check): `Workers` imports it at first use, so a
-    process does not pay for it before its first claim. `SweeperLoop.start` calls this
-    once that claim has returned (issue 15)."""
-    for name in ("scheduler.execute", "core.store.tasks"):  # the second the lease keeper's
+    engines' calls, completion; the model check; the lease keeper's cancel query) once a
+    claim has taken work, before its attempts start: a sweeper then claims before paying
+    for them (issue 15). Not from the attempts' threads: an engine thread waiting on
+    another's import looked stalled to the hand-off watcher, which then spread the batch
+    over a thread per attempt."""
+    for name in ("scheduler.execute", "core.store.tasks"):
         importlib.import_module(name)
 
 

@@ -152,8 +152,8 @@ def test_the_sweeper_command_loads_no_http_server() -> None:
     # is not used at all (`core.settings` reads its sources itself). Nor what comes after
     # the first claim: croniter (and its dateutil, and its `file` subprocess) walks the
     # maintenance schedule, tomllib reads a `taskward.toml` only where there is one, and
-    # what an attempt runs with (the request models, completion) is imported once the
-    # first claim has returned (`SweeperLoop.start`). No store's dialect either: the
+    # what an attempt runs with (the request models, completion) is imported once a
+    # claim has taken work (`Workers.claim`). No store's dialect either: the
     # engine, made later, imports its own (`core.tables` names both).
     unused = ("granian", "litestar", "handlers", "alembic", "pydantic_settings", "httpx",
               "croniter", "dateutil", "tomllib", "scheduler.execute", "core.requests",
