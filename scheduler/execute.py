@@ -40,6 +40,7 @@ from core.store.database import Database
 from scheduler.attempt import WAKE, Attempt, Outcome, StopReason
 from scheduler.backoff import retry_delay_ms
 from scheduler.engine_threads import EngineThreads
+from scheduler.flush_group import FlushGroup
 from scheduler.group_commit import GroupCommit
 from scheduler.output import Output
 
@@ -70,6 +71,12 @@ class _Raised:
     error: BaseException
 
 
+@dataclass(frozen=True)
+class _FlushCalled:
+    """Another attempt's flush calls this one's pending text into its transaction
+    (`scheduler.flush_group`)."""
+
+
 VerifyModel = Callable[[str], tuple[str, ModelSource]]
 # Writes a completion: `Outcome.COMPLETED` once written (raising its fenced failure), or
 # None when whoever writes it settles the attempt afterwards (`written`).
@@ -84,6 +91,7 @@ def execute(
     verify: VerifyModel | None = None,
     complete: Complete | None = None,
     engines: EngineThreads | None = None,
+    flushes: FlushGroup | None = None,
 ) -> Outcome | None:
     """Run `attempt` and return how it ended. Never raises for a task's own failure.
 
@@ -93,18 +101,21 @@ def execute(
     passes its group commit, which settles the attempt once written: then None. The
     engine runs on a thread of `engines`
     (default: one of its own); it normally ends with the attempt, and whoever owns
-    `engines` stops them (a hung engine included).
+    `engines` stops them (a hung engine included). Output is flushed through `flushes`
+    (default: a group of its own), which a worker shares between its attempts.
     """
     verify = verify or partial(verified_model_file, db, settings.models_dir)
     complete = complete or partial(_complete_alone, GroupCommit(
         partial(completion.complete_all, db)))
     engines = engines or EngineThreads(idle_limit=0)
+    flushes = flushes or FlushGroup(db, join_ms=0)
 
     def run(produce: Callable[[], None], stream: Callable[[], Outcome | None]) -> Outcome | None:
         engines.start(produce, f"engine-{attempt.task_id}")
         return stream()
 
-    return _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete, run))
+    return _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete,
+                                                  flushes, run))
 
 
 def _complete_alone(commit: GroupCommit[completion.Completion],
@@ -132,7 +143,7 @@ Watch = Callable[[Callable[[], Outcome | None]], Callable[[], bool]]
 
 def execute_here(
     db: Database, settings: Settings, attempt: Attempt, *, verify: VerifyModel,
-    complete: Complete, watch: Watch,
+    complete: Complete, watch: Watch, flushes: FlushGroup,
 ) -> Outcome | None:
     """`execute` with the engine run on the calling thread, which then streams what it
     made, unless the engine ran so long that `watch` handed the stream to a runner
@@ -146,7 +157,8 @@ def execute_here(
         produce()
         return stream() if kept() else None
 
-    return _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete, run))
+    return _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete,
+                                                  flushes, run))
 
 
 def _settled(db: Database, attempt: Attempt, step: Callable[[], Outcome | None]) -> Outcome | None:
@@ -172,7 +184,7 @@ RunEngine = Callable[[Callable[[], None], Callable[[], Outcome | None]], Outcome
 
 def _execute(
     db: Database, settings: Settings, attempt: Attempt, verify: VerifyModel, complete: Complete,
-    run: RunEngine,
+    flushes: FlushGroup, run: RunEngine,
 ) -> Outcome | None:
     claim = attempt.claim
     try:
@@ -190,7 +202,7 @@ def _execute(
         request = with_model_defaults(request, model_file.metadata)
     snapshot = json.loads(claim.snapshot_json) if claim.snapshot_json else None
     return run(partial(_produce, engine, model_file, request, snapshot, attempt),
-               partial(_stream, db, settings, attempt, complete))
+               partial(_stream, db, settings, attempt, complete, flushes))
 
 
 def engine_options(settings: Settings) -> EngineOptions:
@@ -226,7 +238,7 @@ def _produce(
 
 
 def _stream(
-    db: Database, settings: Settings, attempt: Attempt, complete: Complete
+    db: Database, settings: Settings, attempt: Attempt, complete: Complete, flushes: FlushGroup
 ) -> Outcome | None:
     """Consume the engine's inbox until an outcome; flush on time and size.
 
@@ -238,7 +250,18 @@ def _stream(
     clock = db.clock
     output = Output(attempt.claim, interval_ms=settings.flush_interval_ms,
                     max_bytes=settings.flush_bytes, now_ms=clock.now_ms())
-    writes = _Writes(db, attempt, output, complete, running=attempt.claim.resumed)
+    writes = _Writes(db, attempt, output, complete, flushes, running=attempt.claim.resumed)
+    try:
+        return _follow(db, settings, attempt, output, writes)
+    finally:  # a leader must not wait for this attempt's flush
+        writes.ending()
+
+
+def _follow(
+    db: Database, settings: Settings, attempt: Attempt, output: Output, writes: _Writes
+) -> Outcome | None:
+    """`_stream`'s loop."""
+    clock = db.clock
     while True:
         now = clock.now_ms()
         # While text is pending its flush is due within one interval anyway, and every
@@ -269,24 +292,30 @@ def _stream(
                 return writes.complete()
             elif isinstance(item, _Raised):
                 return _engine_raised(db, settings, attempt, item.error)
+            elif isinstance(item, _FlushCalled):
+                writes.flush_called(clock.now_ms())
         # Time-based flushes only once all that was taken is pending: chunks held while
         # text waited arrived before now, and belong in the flush that is due.
         writes.when_due(clock.now_ms())
+        writes.tell_due()
 
 
 class _Writes:
     """The attempt's fenced writes of output, each carrying the pending start if any."""
 
     def __init__(
-        self, db: Database, attempt: Attempt, output: Output, complete: Complete, *,
-        running: bool,
+        self, db: Database, attempt: Attempt, output: Output, complete: Complete,
+        flushes: FlushGroup, *, running: bool,
     ) -> None:
         self._db = db
         self._attempt = attempt
         self._output = output
         self._complete = complete
+        self._flushes = flushes
         self._running = running
         self._start_by_ms: int | None = None
+        self._told_due_ms: int | None = None  # what `flushes` was last told
+        self._call = partial(attempt.inbox.put, _FlushCalled())
 
     def loaded(self, start_by_ms: int) -> None:
         if not self._running:
@@ -312,13 +341,35 @@ class _Writes:
     def flush(self, now: int) -> None:
         flush = self._output.take_flush(now)
         if flush is not None:
-            worker_writes.append_output(self._db, self._attempt.task_id,
-                                        self._attempt.claim.owner_token, flush.events,
-                                        text=flush.text, snapshot_json=flush.snapshot_json,
-                                        usage=flush.usage, start=not self._running)
+            self._told_due_ms = None  # the group forgets a flush it takes
+            # The first flush calls nobody, so that it waits for nobody either.
+            self._flushes.write(worker_writes.OutputWrite(
+                self._attempt.task_id, self._attempt.claim.owner_token, flush.events,
+                text=flush.text, snapshot_json=flush.snapshot_json, usage=flush.usage,
+                start=not self._running), call_others=not flush.first)
             self._running = True
 
+    def flush_called(self, now: int) -> None:
+        """Flush now if the group still waits for it (a call may come late, after the
+        flush it called for was written on this attempt's own time)."""
+        if self._flushes.called(self._attempt.task_id):
+            self.flush(now)
+
+    def tell_due(self) -> None:
+        """Tell the flush group when the pending text is due, if that changed."""
+        due = self._output.due_at_ms()
+        if due != self._told_due_ms:
+            self._flushes.due(self._attempt.task_id, due, self._call)
+            self._told_due_ms = due
+
+    def ending(self) -> None:
+        """No more time-based flushes: the attempt completes, stops or has ended."""
+        if self._told_due_ms is not None:
+            self._flushes.due(self._attempt.task_id, None, self._call)
+            self._told_due_ms = None
+
     def complete(self) -> Outcome | None:
+        self.ending()
         events, text = self._output.take_closing()
         return self._complete(completion.Completion(
             self._attempt.task_id, self._attempt.claim.owner_token, events, self._output.usage,
@@ -329,6 +380,7 @@ def _stop(
     db: Database, settings: Settings, attempt: Attempt, writes: _Writes, reason: StopReason
 ) -> Outcome:
     claim = attempt.claim
+    writes.ending()
     if reason is StopReason.LOST:
         return Outcome.LOST
     if reason is StopReason.CANCEL:

@@ -29,6 +29,7 @@ class Flush:
     text: str
     snapshot_json: str
     usage: Usage
+    first: bool  # the attempt's first flush (the time to its first delta hangs on it)
 
 
 class Output:
@@ -81,6 +82,10 @@ class Output:
             return None
         return max(0, self._due_at_ms() - now_ms)
 
+    def due_at_ms(self) -> int | None:
+        """When the pending text is due for a time-based flush, None when none waits."""
+        return self._due_at_ms() if self._pending else None
+
     def _due_at_ms(self) -> int:
         """Pending text waits at most the flush interval from its arrival (docs/events.md),
         the attempt's first text only `FIRST_FLUSH_MS`: the time to the first delta is
@@ -99,12 +104,12 @@ class Output:
         `scheduler.execute` passes it."""
         if not self._pending:
             return None
-        self._flushed = True
+        first, self._flushed = not self._flushed, True
         opening = self._opening()
         delta, text = self._delta()
         assert self._snapshot is not None  # a chunk with text always brings one
         return Flush(opening + delta, text, json.dumps(self._snapshot, separators=(",", ":")),
-                     self.usage)
+                     self.usage, first)
 
     def take_closing(self) -> tuple[list[Event], str]:
         """Pending deltas plus the done events for `complete`, and the text they add."""

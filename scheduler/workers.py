@@ -37,6 +37,7 @@ from core.store import claims
 from core.store.database import Database
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
+from scheduler.flush_group import FlushGroup
 from scheduler.group_commit import GroupCommit, gather
 from scheduler.handoff import Handoffs
 from scheduler.heartbeat import LeaseKeeper
@@ -88,6 +89,8 @@ class Workers:
         self._completions: GroupCommit[completion.Completion] = GroupCommit(
             self._complete_group, running=self._may_submit, gather_seconds=_GATHER_SECONDS,
             quiet_seconds=_QUIET_SECONDS)
+        # Attempts flushing close together share a transaction.
+        self._flushes = FlushGroup(db, join_ms=settings.flush_interval_ms // 4)
         # A slot's runner (or engine thread) may still be writing a group of completions
         # (its own among them) while the slot's next attempt runs: twice the threads,
         # never more attempts than slots.
@@ -242,7 +245,8 @@ class Workers:
 
         self._settle(attempt, lambda: execute(self._db, self._settings, attempt, verify=verify,
                                               complete=self._submit_completion,
-                                              engines=self._engines), lead=True)
+                                              engines=self._engines, flushes=self._flushes),
+                     lead=True)
 
     def _run_here(self, attempt: Attempt, verify: VerifyModel) -> None:
         """An engine thread's attempt, engine and stream, unless the engine runs long
@@ -256,7 +260,7 @@ class Workers:
         self._settle(attempt, lambda: execute_here(self._db, self._settings, attempt,
                                                    verify=verify,
                                                    complete=self._submit_completion,
-                                                   watch=watch))
+                                                   watch=watch, flushes=self._flushes))
 
     def _settle(self, attempt: Attempt, run: Callable[[], Outcome | None], *,
                 lead: bool = False) -> None:

@@ -89,7 +89,9 @@ class Database:
         committed, this process's `EVENTS_CHANNEL` listeners hear a `Logged` of each
         id, with the rows the transaction named through `logged`. The live tail of an
         API in the same process (`taskward run`) then sends the events at once instead
-        of at its next poll, from those rows when they are all its stream lacks."""
+        of at its next poll, from those rows when they are all its stream lacks.
+        `task_ids` is read once the body is done, so a body may name them as it goes
+        (`worker_writes.append_outputs` names only the writes whose fence held)."""
         with self.write() as conn:
             rows: dict[str, list[LoggedEvent]] = {}
             conn.info[_LOGGED] = rows

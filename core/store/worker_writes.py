@@ -10,6 +10,7 @@ nothing more.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Row, select, update
@@ -79,6 +80,20 @@ def start_all(
                 events=[Event("response.in_progress")], event_rows=event_rows)
 
 
+@dataclass(frozen=True)
+class OutputWrite:
+    """One attempt's flush: its events (deltas, item/part events) with the snapshot,
+    text and usage they imply, by the worker holding it (`start`: see `append_output`)."""
+
+    task_id: str
+    owner: str
+    events: Sequence[Event]
+    text: str = ""
+    snapshot_json: str | None = None
+    usage: Usage | None = None
+    start: bool = False
+
+
 def append_output(
     db: Database,
     task_id: str,
@@ -98,15 +113,37 @@ def append_output(
     ride in the commit's announcement (`logged`): the streams of this process that
     already hold everything before them send them without reading the log.
     """
-    with db.write_events([task_id]) as conn:
+    [failure] = append_outputs(db, [OutputWrite(task_id, owner, events, text, snapshot_json,
+                                                usage, start)])
+    if failure is not None:
+        raise failure
+
+
+def append_outputs(db: Database, writes: Sequence[OutputWrite]) -> list[Exception | None]:
+    """`append_output` of several attempts in one transaction, each fenced on its own:
+    for each, None once written, or why its fence did not hold (`fenced`: nothing of it
+    written, the others are). A worker's attempts whose flushes fall due together
+    share the commit, the larger part of a flush's cost (`scheduler.flush_group`)."""
+    failures: list[Exception | None] = []
+    written: list[str] = []  # announced once committed: a fenced write wakes nobody
+    with db.write_events(written) as conn:
         now = db.clock.now_ms()
-        if start:
-            _start(conn, now, task_id, owner)
-        rows = append_events(conn, now, task_id, owner, events, snapshot_json)
-        if rows is None:
-            raise fenced(conn, task_id, owner)
-        logged(conn, rows)
-        add_outputs(conn, now, [(task_id, text, usage)])
+        outputs: list[tuple[str, str, Usage | None]] = []
+        for write in writes:
+            rows = None
+            if not write.start or start_all(conn, now, Held.one(write.task_id, write.owner)):
+                rows = append_events(conn, now, write.task_id, write.owner, write.events,
+                                     write.snapshot_json)
+            if rows is None:
+                failures.append(fenced(conn, write.task_id, write.owner))
+                continue
+            failures.append(None)
+            written.append(write.task_id)
+            logged(conn, rows)
+            outputs.append((write.task_id, write.text, write.usage))
+        if outputs:
+            add_outputs(conn, now, outputs)
+    return failures
 
 
 def terminal_values(now: int) -> dict[str, Any]:
