@@ -15,7 +15,7 @@ from core.idempotency import IdempotencyClaim
 from core.objects import task_object
 from core.states import OnRestart, Status
 from core.store import births, claims, completion, new_tasks, tasks, worker_writes
-from core.store.database import Database
+from core.store.database import EVENTS_CHANNEL, Database
 from core.store.transitions import Event, move
 from core.tables import idempotency_keys
 from core.tables import tasks as tasks_table
@@ -191,6 +191,48 @@ def test_progress_appends_events_snapshot_and_text_together(db: Database, model_
         joined = tasks.response_in(conn, claimed.task_id, None)
     assert joined.output_text == "abc" and joined.output_tokens == 2
     assert_log_sound(db, claimed.task_id)
+
+
+def test_flushes_of_several_attempts_share_a_transaction_each_fenced_alone(
+    db: Database, model_id: str
+) -> None:
+    """A worker's flushes written together (`scheduler.flush_group`): a write whose fence
+    does not hold writes nothing and answers why; the others are written, the starts
+    riding with them, and only the written ones are announced."""
+    loaded_task = new_task(db, model_id)
+    loaded = claim_one(db)
+    assert loaded.task_id == loaded_task
+    running = run_to_running(db, model_id)
+    cancelled = run_to_running(db, model_id)
+    tasks.cancel(db, cancelled.task_id, None)
+    lost = run_to_running(db, model_id)
+    before = {c.task_id: task_row(db, c.task_id).last_seq for c in (cancelled, lost)}
+    heard: list[str] = []
+    db.listen(EVENTS_CHANNEL, lambda news: heard.append(news.task_id))
+    failures = worker_writes.append_outputs(db, [
+        worker_writes.OutputWrite(loaded.task_id, loaded.owner_token, [delta("a")], text="a",
+                                  snapshot_json='{"pos": 1}', usage=Usage(2, 1), start=True),
+        worker_writes.OutputWrite(cancelled.task_id, cancelled.owner_token, [delta("x")],
+                                  text="x", snapshot_json='{"pos": 9}'),
+        worker_writes.OutputWrite(running.task_id, running.owner_token, [delta("b"), delta("c")],
+                                  text="bc", snapshot_json='{"pos": 2}'),
+        worker_writes.OutputWrite(lost.task_id, "0" * 32, [delta("y")], text="y"),
+    ])
+    assert [type(f) for f in failures] == [type(None), CancelRequested, type(None), LeaseLost]
+    assert heard == [loaded.task_id, running.task_id]
+    assert event_types(db, loaded.task_id)[-2:] == ["response.in_progress",
+                                                    "response.output_text.delta"]
+    assert task_row(db, loaded.task_id).status == "running"
+    for claimed, text, snapshot in ((loaded, "a", '{"pos": 1}'), (running, "bc", '{"pos": 2}')):
+        assert task_row(db, claimed.task_id).snapshot_json == snapshot
+        with db.read() as conn:
+            assert tasks.response_in(conn, claimed.task_id, None).output_text == text
+        assert_log_sound(db, claimed.task_id)
+    for claimed in (cancelled, lost):
+        row = task_row(db, claimed.task_id)
+        assert row.last_seq == before[claimed.task_id] and row.snapshot_json is None
+        with db.read() as conn:
+            assert tasks.response_in(conn, claimed.task_id, None).output_text == ""
 
 
 def test_complete_writes_closing_events_and_the_terminal_one_last(
