@@ -17,7 +17,6 @@ from core.settings import Settings
 from core.store import worker_writes
 from core.store.database import Database
 from core.store.worker_writes import OutputWrite
-from scheduler import flush_group
 from scheduler.flush_group import GATHER_SECONDS, FlushGroup
 from tests.engines import expected_text
 from tests.scheduler.helpers import run_pass, streamed_text
@@ -43,7 +42,7 @@ def groups(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         written.append([w.task_id for w in writes])
         return [LeaseLost(w.task_id) if w.owner == "lost" else None for w in writes]
 
-    monkeypatch.setattr(flush_group.worker_writes, "append_outputs", append_outputs)
+    monkeypatch.setattr(worker_writes, "append_outputs", append_outputs)
     return written
 
 
@@ -60,7 +59,7 @@ def runner(group: FlushGroup, task_id: str, owner: str = "owner") -> tuple[
         Callable[[], None], threading.Event, list[BaseException]]:
     """A call that makes a thread flush `task_id` into the group, as its runner would;
     the event is set once that flush returned (its failure, if any, in the list)."""
-    done, failures = threading.Event(), []
+    done, failures = threading.Event(), list[BaseException]()
 
     def flush() -> None:
         try:
@@ -143,7 +142,7 @@ def test_attempts_streaming_side_by_side_share_flush_transactions(
         sizes.append(len(writes))
         return append_outputs(db, writes)
 
-    monkeypatch.setattr(flush_group.worker_writes, "append_outputs", recorded)
+    monkeypatch.setattr(worker_writes, "append_outputs", recorded)
     task_ids = [new_task(db, model_id, input="words=30 delay=0.02") for _ in range(4)]
     assert run_pass(db, parallel)["completed"] == 4
     for task_id in task_ids:
