@@ -40,10 +40,9 @@ from sqlalchemy import (
     literal_column,
     select,
 )
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
-from core.store.bulk import json_rows, rows_param
+from core.store.bulk import dialect_module, json_rows, rows_param
 from core.store.database import WORK_CHANNEL
 from core.store.driver import driver_text
 from core.tables import IS_IN_LINE, idempotency_keys, models, responses, task_events, tasks
@@ -126,7 +125,7 @@ def _statement(keys: tuple[str, ...], notify: bool, keyed: bool) -> Any:
     if keyed:
         given_records = json_rows("postgresql", "records", [
             (column.key, column.type) for column in idempotency_keys.c])
-        recorded = (postgresql.insert(idempotency_keys)
+        recorded = (dialect_module("postgresql").insert(idempotency_keys)
                     .from_select(list(idempotency_keys.c),
                                  select(*given_records.c).where(*admitted))
                     .on_conflict_do_nothing()
@@ -138,7 +137,7 @@ def _statement(keys: tuple[str, ...], notify: bool, keyed: bool) -> Any:
         admitted.append(given.c.id.not_in(refused))
         ctes.append(recorded)
     values = [_placed(given) if key == "vtime" else given.c[key] for key in keys]
-    born = (postgresql.insert(tasks)
+    born = (dialect_module("postgresql").insert(tasks)
             .from_select([tasks.c[key] for key in keys], select(*values).where(*admitted))
             .on_conflict_do_nothing()
             .returning(tasks.c.id, tasks.c.vtime)

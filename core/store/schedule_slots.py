@@ -13,6 +13,7 @@ from functools import cache
 from typing import Any, Protocol
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     Connection,
     Row,
@@ -24,7 +25,6 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects import postgresql
 
 from core.store.bulk import insert_rows, json_rows, rows_param
 from core.store.database import Database
@@ -68,7 +68,7 @@ _OWNER_REVOKED = schedules.c.client_id.in_(
 # PostgreSQL: lock the planned rows first, passing over those a racing sweeper holds.
 # The ids go as an array, whose length the planner knows: it looks them up by key
 # (joined to a JSON table, which it guesses at 100 rows, it scanned the whole table).
-_PLANNED_IDS = bindparam("ids", type_=postgresql.ARRAY(String()))
+_PLANNED_IDS = bindparam("ids", type_=ARRAY(String()))
 _LOCK_PLANNED = (select(schedules.c.id).where(schedules.c.id == any_(_PLANNED_IDS))
                  .with_for_update(skip_locked=True))
 

@@ -167,6 +167,20 @@ def test_the_sweeper_command_loads_no_http_server() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_the_maintenance_modules_load_no_store_dialect() -> None:
+    import subprocess
+    import sys
+
+    # A sweeper's start-of-life maintenance pass fires schedules (births, schedule slots)
+    # beside its first attempts: on SQLite it must not pay for PostgreSQL's dialect.
+    probe = ("import sys; import core.schedule_firing, core.store.births, "
+             "core.store.schedule_slots, core.store.pg_births; "
+             "print('sqlalchemy.dialects.postgresql' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_command_modules_are_imported_with_the_collector_paused() -> None:
     import gc
 
