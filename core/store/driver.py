@@ -20,12 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
 
 
 def driver_text(
@@ -38,6 +41,34 @@ def driver_text(
     bound = compiled.construct_params(dict(variables)) or {}
     constants = {name: value for name, value in bound.items() if name not in variables}
     return compiled.string, constants
+
+
+@dataclass(frozen=True)
+class DriverStatement:
+    """A statement compiled once for a driver cursor and run with its values by name on
+    either store: sqlite3's marks are positional (`?`), so the names are kept in their
+    order; psycopg's are named."""
+
+    text: str
+    names: tuple[str, ...]
+    positional: bool
+
+    def scalar(self, cursor: Any, values: Mapping[str, Any]) -> Any:
+        """The first column of the first row `values` select, None for no row."""
+        cursor.execute(self.text, tuple(values[name] for name in self.names)
+                       if self.positional else {name: values[name] for name in self.names})
+        row = cursor.fetchone()
+        return None if row is None else row[0]
+
+
+@cache
+def driver_statement(statement: ClauseElement, dialect: Dialect) -> DriverStatement:
+    """`statement` compiled for `dialect`'s driver, once per statement and dialect."""
+    compiled = statement.compile(dialect=dialect)
+    assert isinstance(compiled, SQLCompiler)  # a statement's, not DDL's
+    positional = compiled.positiontup is not None
+    return DriverStatement(compiled.string, tuple(compiled.positiontup or compiled.params),
+                           positional)
 
 
 def placeholder(dialect: Dialect) -> str:

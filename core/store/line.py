@@ -20,14 +20,10 @@ one client the same round; ties go to the older id, so that costs one turn, no m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
-from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select, update
-from sqlalchemy.engine import Dialect
-from sqlalchemy.sql import Select
 
-from core.store.driver import driver_cursor
+from core.store.driver import driver_cursor, driver_statement
 from core.tables import IS_IN_LINE, IS_OUTSIDE_LINE, tasks
 
 PLACED_PER_CLAIM = 64  # waiting tasks placed by one claim: more than one claim takes
@@ -60,39 +56,21 @@ def places(conn: Connection, joining: Sequence[tuple[str, int]]) -> list[int]:
     now_serving: dict[int, int] = {}
     last: dict[tuple[str, int], int] = {}
     found: list[int] = []
-    round_now, last_round = _driver_probe(_ROUND_NOW, conn.dialect), _driver_probe(
-        _LAST_ROUND, conn.dialect)
+    round_now, last_round = (driver_statement(probe, conn.dialect)
+                             for probe in (_ROUND_NOW, _LAST_ROUND))
     with driver_cursor(conn) as cursor:
         for client_id, priority in joining:
             values = {"p_client": client_id, "p_priority": priority}
             if priority not in now_serving:
-                head = _scalar(cursor, round_now, values)
+                head = round_now.scalar(cursor, values)
                 now_serving[priority] = 0 if head is None else head
             key = (client_id, priority)
             if key not in last:
-                tail = _scalar(cursor, last_round, values)
+                tail = last_round.scalar(cursor, values)
                 last[key] = now_serving[priority] - 1 if tail is None else tail
             last[key] = max(now_serving[priority], last[key] + 1)
             found.append(last[key])
     return found
-
-
-@cache
-def _driver_probe(statement: Select[Any], dialect: Dialect) -> tuple[str, tuple[str, ...], bool]:
-    """`statement`'s text for `dialect`, the names of its parameters (in their order
-    where the driver's marks are positional, sqlite3's `?`) and whether they are."""
-    compiled = statement.compile(dialect=dialect)
-    positional = compiled.positiontup is not None
-    return (compiled.string, tuple(compiled.positiontup or compiled.params), positional)
-
-
-def _scalar(cursor: Any, probe: tuple[str, tuple[str, ...], bool],
-            values: dict[str, Any]) -> Any:
-    text, names, positional = probe
-    cursor.execute(text, tuple(values[name] for name in names) if positional
-                   else {name: values[name] for name in names})
-    row = cursor.fetchone()
-    return None if row is None else row[0]
 
 
 def place_due(conn: Connection, now: int, limit: int = PLACED_PER_CLAIM) -> int:
