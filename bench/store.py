@@ -28,7 +28,7 @@ from sqlalchemy import insert
 from core.engines.base import Usage
 from core.idempotency import IdempotencyClaim
 from core.ids import sortable_id
-from core.settings import Settings
+from core.settings import Settings, load_settings
 from core.store import births, claims, completion, new_tasks, worker_writes
 from core.store.connect import create_db_engine
 from core.store.database import Database
@@ -81,7 +81,7 @@ def raw_pg_rate(url: str, count: int) -> float:
 
 
 def prepared(url: str, **overrides: object) -> Database:
-    settings = Settings(database_url=url, **overrides)
+    settings = load_settings(database_url=url, **overrides)
     engine = create_db_engine(settings)
     upgrade(engine)
     db = Database(engine)

@@ -5,20 +5,26 @@ Sources, strongest first: `TASKWARD_*` environment variables, then an optional
 Parsing is strict: an unknown key, a bad value or an inconsistent pair stops start-up
 with a message that names the key.
 
-The two sources are read here, on a plain pydantic model, rather than by
-pydantic-settings: that package's import (its every source provider, dotenv, the CLI
-parser) was ~55 ms of CPU at the start of every process, a sweeper's included, for
-two sources of a dozen lines (docs/benchmarks.md, issue 15).
+`Settings` is a frozen dataclass whose bounds are msgspec's (`Meta` in each field's
+annotation), and `load_settings` reads the two sources and converts them with
+msgspec (strings to numbers as the environment needs). It was a pydantic model (and,
+before that, pydantic-settings): every process imports the settings first, and
+pydantic's import with that model's schema was ~28 % of the instructions a sweeper
+executes before its first claim, which needs nothing else of pydantic
+(docs/benchmarks.md, "Settings without pydantic", issue 15).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+import msgspec
+from msgspec import Meta
 
 from core.cron import parse_cron
 from core.engines.base import usable_cores
@@ -27,132 +33,97 @@ from core.errors import InvalidInput
 ENV_PREFIX = "TASKWARD_"
 TOML_FILE = "taskward.toml"
 
+Positive = Annotated[float, Meta(gt=0)]
+NonNegative = Annotated[float, Meta(ge=0)]
+
 
 class SettingsError(Exception):
     """Start-up configuration is unusable; the message names the key."""
 
 
-class Settings(BaseModel):
-    """Every setting; building one reads the sources (`_read_sources`), so
-    `Settings(key=value)` is the environment and the file with `key` overridden."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Every setting. Built directly, it holds what it is given (typed by the caller,
+    checked for consistency); `load_settings` is how a process reads its sources."""
 
     database_url: str = "sqlite:///./var/taskward.db"
     models_dir: Path = Path("./models")
-    node_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
-    lease_seconds: float = Field(30, gt=0)
-    heartbeat_seconds: float = Field(10, gt=0)
+    node_id: Annotated[str, Meta(min_length=1, max_length=200)] = field(
+        default_factory=socket.gethostname)
+    lease_seconds: Positive = 30.0
+    heartbeat_seconds: Positive = 10.0
     # The engine batches a model's attempts: raise it to 8 for throughput (docs/operations.md).
-    worker_concurrency: int = Field(2, ge=1, le=256)
+    worker_concurrency: Annotated[int, Meta(ge=1, le=256)] = 2
     sweep_schedule: str = "* * * * *"
-    task_timeout_seconds: float = Field(600, gt=0)
-    max_attempts_default: int = Field(3, ge=1)
-    max_attempts_cap: int = Field(10, ge=1, le=1000)
-    retention_hours: float = Field(168, gt=0)
-    idempotency_ttl_hours: float = Field(24, gt=0)
-    max_body_bytes: int = Field(1_048_576, ge=1024)
+    task_timeout_seconds: Positive = 600.0
+    max_attempts_default: Annotated[int, Meta(ge=1)] = 3
+    max_attempts_cap: Annotated[int, Meta(ge=1, le=1000)] = 10
+    retention_hours: Positive = 168.0
+    idempotency_ttl_hours: Positive = 24.0
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 1_048_576
     # Knobs a production operator expects to have (docs/settings.md lists them all).
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
-    sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
+    sqlite_busy_timeout_ms: Annotated[int, Meta(ge=0)] = 10_000
     # One decode loop per loaded model computes with this many threads, whatever the
     # concurrency; more threads than usable cores only spin (docs/operations.md).
-    engine_threads: int = Field(default_factory=usable_cores, ge=1, le=256)
-    engine_context_tokens: int = Field(8192, ge=256, le=1_048_576)
+    engine_threads: Annotated[int, Meta(ge=1, le=256)] = field(default_factory=usable_cores)
+    engine_context_tokens: Annotated[int, Meta(ge=256, le=1_048_576)] = 8192
     # Opt-in: every taskward process on a host takes turns on this file around each
     # compute step. Off by default: with the engine's short OpenMP spin, two processes without
     # it did better in every measured run (docs/benchmarks.md, "Two processes").
     engine_host_lock: str = ""
-    model_cache_size: int = Field(2, ge=1, le=32)
-    sync_timeout_seconds: float = Field(60, gt=0, le=600)
-    pairing_code_ttl_seconds: float = Field(600, gt=0)
-    retention_batch_size: int = Field(2000, ge=1, le=100_000)
-    flush_interval_ms: int = Field(100, ge=1, le=10_000)
-    flush_bytes: int = Field(512, ge=1)
-    drain_seconds: float = Field(20, ge=0)
-    backoff_base_seconds: float = Field(2, gt=0)
-    backoff_max_seconds: float = Field(300, gt=0)
-    poll_interval_ms: int = Field(50, ge=5, le=10_000)
+    model_cache_size: Annotated[int, Meta(ge=1, le=32)] = 2
+    sync_timeout_seconds: Annotated[float, Meta(gt=0, le=600)] = 60.0
+    pairing_code_ttl_seconds: Positive = 600.0
+    retention_batch_size: Annotated[int, Meta(ge=1, le=100_000)] = 2000
+    flush_interval_ms: Annotated[int, Meta(ge=1, le=10_000)] = 100
+    flush_bytes: Annotated[int, Meta(ge=1)] = 512
+    drain_seconds: NonNegative = 20.0
+    backoff_base_seconds: Positive = 2.0
+    backoff_max_seconds: Positive = 300.0
+    poll_interval_ms: Annotated[int, Meta(ge=5, le=10_000)] = 50
     # Slow clients (docs/operations.md): a connection that sends no complete request
     # head for this long is closed (a fresh idle one, a keep-alive one, trickled
     # headers), and a request body that stalls this long between pieces gets a 408.
     # 0 turns one off (only for measuring what it costs: bench/http.py).
-    http_idle_timeout_seconds: float = Field(30, ge=0, le=3600)
-    http_body_timeout_seconds: float = Field(30, ge=0, le=3600)
-    console_session_hours: float = Field(8, gt=0, le=720)  # an operator console login
+    http_idle_timeout_seconds: Annotated[float, Meta(ge=0, le=3600)] = 30.0
+    http_body_timeout_seconds: Annotated[float, Meta(ge=0, le=3600)] = 30.0
+    console_session_hours: Annotated[float, Meta(gt=0, le=720)] = 8.0  # an operator console login
     # Per-client defaults (`core.quotas`): a client's own value, when set, wins.
-    client_max_active_tasks: int = Field(0, ge=0)  # 0 = unlimited
-    client_requests_per_second: float = Field(0, ge=0)  # 0 = unlimited
-    client_max_streams: int = Field(100, ge=1)
+    client_max_active_tasks: Annotated[int, Meta(ge=0)] = 0  # 0 = unlimited
+    client_requests_per_second: NonNegative = 0.0  # 0 = unlimited
+    client_max_streams: Annotated[int, Meta(ge=1)] = 100
     # Extra engine plug-ins: comma-separated module names imported at start-up, each
     # registering engines with `core.engines.registry.register_engine`.
     engine_modules: str = ""
     # Upstream engines (docs/upstream.md): slots per process for upstream attempts, apart
     # from the local engine's; host patterns an upstream URL must match (comma-separated,
     # `*` wildcards; empty: any host); how long a failing base URL is skipped.
-    upstream_concurrency: int = Field(64, ge=1, le=4096)
+    upstream_concurrency: Annotated[int, Meta(ge=1, le=4096)] = 64
     upstream_allowed_hosts: str = ""
-    upstream_cooldown_seconds: float = Field(10, gt=0, le=3600)
+    upstream_cooldown_seconds: Annotated[float, Meta(gt=0, le=3600)] = 10.0
 
-    @model_validator(mode="before")
-    @classmethod
-    def _read_sources(cls, values: dict[str, Any]) -> dict[str, Any]:
-        """Keyword arguments win over `TASKWARD_*` variables (names case-insensitive),
-        which win over `taskward.toml` in the working directory."""
-        from_file: dict[str, Any] = {}
-        if Path(TOML_FILE).is_file():
-            import tomllib  # only with a file: its import compiles regexes at every start
-
-            with open(TOML_FILE, "rb") as file:
-                try:
-                    from_file = tomllib.load(file)
-                except tomllib.TOMLDecodeError as exc:
-                    raise ValueError(f"{TOML_FILE}: {exc}") from None
-        prefix = ENV_PREFIX.lower()
-        from_env = {key.lower().removeprefix(prefix): value
-                    for key, value in os.environ.items() if key.lower().startswith(prefix)}
-        return {**from_file,
-                **{name: from_env[name] for name in cls.model_fields if name in from_env},
-                **values}
-
-    @field_validator("sweep_schedule")
-    @classmethod
-    def _cron_parses(cls, value: str) -> str:
+    def __post_init__(self) -> None:
+        """The checks no single bound states, and `models_dir` anchored: model paths
+        are stored relative to it and joined with it later, so "./models" must mean
+        one place from start-up on."""
+        object.__setattr__(self, "models_dir", Path(self.models_dir).expanduser().absolute())
         try:
-            parse_cron(value)  # the one meaning of a cron expression, as schedules have
-        except InvalidInput as exc:
-            raise ValueError(exc.message) from None
-        return value
-
-    @field_validator("models_dir")
-    @classmethod
-    def _absolute_models_dir(cls, value: Path) -> Path:
-        # Model paths are stored relative to this directory and joined with it later;
-        # anchoring it once at start-up keeps "./models" from meaning two places.
-        return value.expanduser().absolute()
-
-    @field_validator("database_url")
-    @classmethod
-    def _known_store(cls, value: str) -> str:
-        if not (value.startswith("sqlite:///") or value.startswith("postgresql")):
-            raise ValueError("must be sqlite:///PATH or postgresql+psycopg://…")
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Settings:
+            parse_cron(self.sweep_schedule)  # the one meaning of a cron expression, as
+        except InvalidInput as exc:  # schedules have
+            raise SettingsError(f"TASKWARD_SWEEP_SCHEDULE: {exc.message}") from None
+        if not self.database_url.startswith(("sqlite:///", "postgresql")):
+            raise SettingsError(
+                "TASKWARD_DATABASE_URL: must be sqlite:///PATH or postgresql+psycopg://…")
         if self.heartbeat_seconds >= self.lease_seconds:
-            raise ValueError(
-                "TASKWARD_HEARTBEAT_SECONDS must be shorter than TASKWARD_LEASE_SECONDS"
-            )
+            raise SettingsError(
+                "TASKWARD_HEARTBEAT_SECONDS must be shorter than TASKWARD_LEASE_SECONDS")
         if self.max_attempts_default > self.max_attempts_cap:
-            raise ValueError(
-                "TASKWARD_MAX_ATTEMPTS_DEFAULT must not exceed TASKWARD_MAX_ATTEMPTS_CAP"
-            )
+            raise SettingsError(
+                "TASKWARD_MAX_ATTEMPTS_DEFAULT must not exceed TASKWARD_MAX_ATTEMPTS_CAP")
         if self.backoff_base_seconds > self.backoff_max_seconds:
-            raise ValueError(
-                "TASKWARD_BACKOFF_BASE_SECONDS must not exceed TASKWARD_BACKOFF_MAX_SECONDS"
-            )
-        return self
+            raise SettingsError(
+                "TASKWARD_BACKOFF_BASE_SECONDS must not exceed TASKWARD_BACKOFF_MAX_SECONDS")
 
     @property
     def engine_module_names(self) -> list[str]:
@@ -168,16 +139,51 @@ class Settings(BaseModel):
         return self.database_url.startswith("sqlite")
 
 
+SETTING_NAMES = frozenset(setting.name for setting in fields(Settings))
+_AT_FIELD = re.compile(r"(?P<message>.*) - at `\$\.(?P<name>\w+)`$")
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Settings from the environment and `taskward.toml`, or `SettingsError` naming the key."""
-    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    """Settings from `TASKWARD_*` variables (names case-insensitive) over
+    `taskward.toml` in the working directory, with `overrides` winning over both; or
+    `SettingsError` naming the key."""
+    known = {ENV_PREFIX + name.upper() for name in SETTING_NAMES}
     unknown = sorted(k for k in os.environ if k.startswith(ENV_PREFIX) and k not in known)
     if unknown:
         raise SettingsError(f"unknown setting {unknown[0]} (known: {', '.join(sorted(known))})")
+    from_file = _read_file()
+    unknown = sorted(key for key in from_file if key not in SETTING_NAMES)
+    if unknown:
+        raise SettingsError(f"{TOML_FILE}: unknown setting {unknown[0]} "
+                            f"({ENV_PREFIX}{unknown[0].upper()} is not one)")
+    prefix = ENV_PREFIX.lower()
+    from_env = {key.lower().removeprefix(prefix): value
+                for key, value in os.environ.items() if key.lower().startswith(prefix)}
+    values = {**from_file, **{name: from_env[name] for name in SETTING_NAMES if name in from_env},
+              **overrides}
     try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ENV_PREFIX + str(first["loc"][0]).upper() if first["loc"] else "settings"
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise SettingsError(f"{key}: {message}") from None
+        return msgspec.convert(values, type=Settings, strict=False, dec_hook=_decode_path)
+    except msgspec.ValidationError as exc:
+        found = _AT_FIELD.match(str(exc))
+        if found is None:
+            raise SettingsError(f"settings: {exc}") from None
+        raise SettingsError(f"{ENV_PREFIX}{found['name'].upper()}: {found['message']}") from None
+
+
+def _read_file() -> dict[str, Any]:
+    if not Path(TOML_FILE).is_file():
+        return {}
+    import tomllib  # only with a file: its import compiles regexes at every start
+
+    with open(TOML_FILE, "rb") as file:
+        try:
+            return tomllib.load(file)
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"{TOML_FILE}: {exc}") from None
+
+
+def _decode_path(kind: type, value: Any) -> Any:
+    """msgspec's hook for the one type it does not convert itself."""
+    if kind is Path and isinstance(value, str | Path):
+        return Path(value)
+    raise TypeError(f"expected a path, got {type(value).__name__}")  # msgspec names the key

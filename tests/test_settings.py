@@ -102,3 +102,35 @@ def test_keyword_arguments_win_over_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("TASKWARD_NODE_ID", "from-env")
     settings = load_settings(node_id="given")
     assert (settings.lease_seconds, settings.node_id) == (40, "given")
+
+
+def test_a_value_past_its_bound_is_named_with_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKWARD_WORKER_CONCURRENCY", "0")
+    with pytest.raises(SettingsError, match=r"^TASKWARD_WORKER_CONCURRENCY: .*>= 1$"):
+        load_settings()
+
+
+def test_a_file_value_of_the_wrong_type_is_named(tmp_path: Path) -> None:
+    (tmp_path / "taskward.toml").write_text("models_dir = 5\n")
+    with pytest.raises(SettingsError, match="^TASKWARD_MODELS_DIR: "):
+        load_settings()
+
+
+def test_numbers_are_read_from_the_environment_as_their_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TASKWARD_LEASE_SECONDS", "2.5")
+    monkeypatch.setenv("TASKWARD_HEARTBEAT_SECONDS", "1")
+    monkeypatch.setenv("TASKWARD_FLUSH_BYTES", "64")
+    settings = load_settings()
+    read = (settings.lease_seconds, settings.heartbeat_seconds, settings.flush_bytes)
+    assert read == (2.5, 1, 64)
+    assert isinstance(settings.flush_bytes, int) and isinstance(settings.lease_seconds, float)
+
+
+def test_settings_built_directly_are_checked_for_consistency() -> None:
+    from dataclasses import replace
+
+    settings = load_settings()
+    with pytest.raises(SettingsError, match="TASKWARD_HEARTBEAT_SECONDS"):
+        replace(settings, heartbeat_seconds=settings.lease_seconds)

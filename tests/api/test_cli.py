@@ -149,14 +149,15 @@ def test_the_sweeper_command_loads_no_http_server() -> None:
     import sys
 
     # Nor what only other commands or processes use: alembic migrates, pydantic-settings
-    # is not used at all (`core.settings` reads its sources itself). Nor what comes after
+    # is not used at all (`core.settings` reads its sources itself, and converts them
+    # with msgspec: pydantic is for the request models an attempt imports). Nor what comes after
     # the first claim: croniter (and its dateutil, and its `file` subprocess) walks the
     # maintenance schedule, tomllib reads a `taskward.toml` only where there is one, and
     # what an attempt runs with (the request models, completion) is imported once a
     # claim has taken work (`Workers.claim`). No store's dialect either: the
     # engine, made later, imports its own (`core.tables` names both).
-    unused = ("granian", "litestar", "handlers", "alembic", "pydantic_settings", "httpx",
-              "croniter", "dateutil", "tomllib", "scheduler.execute", "core.requests",
+    unused = ("granian", "litestar", "handlers", "alembic", "pydantic", "pydantic_settings",
+              "httpx", "croniter", "dateutil", "tomllib", "scheduler.execute", "core.requests",
               "core.store.completion", "sqlalchemy.dialects.sqlite",
               "sqlalchemy.dialects.postgresql")
     probe = ("import sys; from infra.cli import main; main.get_command(None, 'sweeper'); "

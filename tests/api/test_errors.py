@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -50,7 +51,7 @@ def test_schema_violation_names_the_field_without_echoing_values(
 
 
 def test_body_over_the_limit_is_413(settings: Settings, db: Database, model_id: str) -> None:
-    small = settings.model_copy(update={"max_body_bytes": 2048})
+    small = replace(settings, max_body_bytes=2048)
     with TestClient(serving_app(small)) as http:
         sender = caller(db, http, "responses:create")
         response = sender.post("/v1/responses", content=b"{" + b" " * 4096 + b"}",

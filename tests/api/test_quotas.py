@@ -3,6 +3,7 @@ headers OpenAI's SDKs read, nothing stored, replays and dedupe hits still answer
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from litestar.testing import TestClient
@@ -182,7 +183,7 @@ def test_a_pairing_code_carries_limits_to_the_client_it_makes(
 
 
 def test_the_settings_give_the_defaults(db: Database, settings: Any, model_id: str) -> None:
-    limited = settings.model_copy(update={"client_max_active_tasks": 1})
+    limited = replace(settings, client_max_active_tasks=1)
     with TestClient(serving_app(limited)) as http:
         who = caller(db, http, *WORK)
         assert [_create(who, model_id).status_code for _ in range(2)] == [202, 429]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -145,7 +146,7 @@ def test_a_replayed_stream_request_streams_the_same_events_again(
 def test_background_false_answers_202_when_the_sync_timeout_passes(
     settings: Settings, db: Database, model_id: str
 ) -> None:
-    impatient = settings.model_copy(update={"sync_timeout_seconds": 0.3})
+    impatient = replace(settings, sync_timeout_seconds=0.3)
     with TestClient(serving_app(impatient)) as http:
         answer = create(caller(db, http, "responses:create"), model_id, background=False)
     assert answer.status_code == 202

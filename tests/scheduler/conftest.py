@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,9 @@ from tests.scheduler.processes import Children
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
     """Settings scaled down so leases, flushes and backoff happen in test time."""
-    return settings.model_copy(update={
-        "lease_seconds": 5, "heartbeat_seconds": 1, "flush_interval_ms": 50,
-        "backoff_base_seconds": 1, "backoff_max_seconds": 4, "drain_seconds": 2,
-        "poll_interval_ms": 20, "worker_concurrency": 4, "engine_modules": "tests.engines",
-    })
+    return replace(settings, lease_seconds=5, heartbeat_seconds=1, flush_interval_ms=50,
+                   backoff_base_seconds=1, backoff_max_seconds=4, drain_seconds=2,
+                   poll_interval_ms=20, worker_concurrency=4, engine_modules="tests.engines")
 
 
 @pytest.fixture

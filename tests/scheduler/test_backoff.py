@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from freezegun import freeze_time
@@ -38,7 +39,7 @@ def test_delay_never_exceeds_the_maximum() -> None:
 def test_a_retried_task_is_not_claimed_before_its_backoff_has_passed(
     db: Database, fast: Settings, model_id: str
 ) -> None:
-    settings = fast.model_copy(update={"backoff_base_seconds": 10, "backoff_max_seconds": 10})
+    settings = replace(fast, backoff_base_seconds=10, backoff_max_seconds=10)
     with freeze_time(datetime.now(UTC)) as frozen:
         task_id = new_task(db, model_id, input="words=3 fail=retryable fail_at=1",
                            max_attempts=3)

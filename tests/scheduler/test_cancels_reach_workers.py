@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import text
@@ -30,7 +31,7 @@ SILENT = "words=2 delay=3"  # 3 s before the first chunk: no flush to notice a c
 
 @pytest.fixture
 def slow_heartbeat(fast: Settings) -> Settings:
-    return fast.model_copy(update={"heartbeat_seconds": 30, "lease_seconds": 60})
+    return replace(fast, heartbeat_seconds=30, lease_seconds=60)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -62,7 +63,7 @@ def test_a_completed_task_writes_the_spec_event_sequence(
 def test_deltas_are_flushed_when_they_reach_the_size_limit(
     db: Database, fast: Settings, model_id: str
 ) -> None:
-    settings = fast.model_copy(update={"flush_bytes": 6, "flush_interval_ms": 60_000})
+    settings = replace(fast, flush_bytes=6, flush_interval_ms=60_000)
     task_id = new_task(db, model_id, input="words=10")
     run_pass(db, settings)
     deltas = event_data(db, task_id, "response.output_text.delta")
@@ -75,7 +76,7 @@ def test_a_size_flush_is_not_held_back_while_chunks_trickle_in(
     """The runner sleeps through chunks while text is pending (scheduler/inbox.py), but
     the chunk that reaches the flush size still wakes it: the same deltas as above,
     not one batch at the end (the interval alone would never come due)."""
-    settings = fast.model_copy(update={"flush_bytes": 6, "flush_interval_ms": 60_000})
+    settings = replace(fast, flush_bytes=6, flush_interval_ms=60_000)
     task_id = new_task(db, model_id, input="words=10 delay=0.02")
     run_pass(db, settings)
     deltas = event_data(db, task_id, "response.output_text.delta")
@@ -87,7 +88,7 @@ def test_a_size_flush_is_not_held_back_while_chunks_trickle_in(
 def test_deltas_are_flushed_by_time_between_chunks(
     db: Database, fast: Settings, model_id: str
 ) -> None:
-    settings = fast.model_copy(update={"flush_bytes": 10_000, "flush_interval_ms": 100})
+    settings = replace(fast, flush_bytes=10_000, flush_interval_ms=100)
     task_id = new_task(db, model_id, input="words=10 delay=0.05")
     run_pass(db, settings)
     deltas = event_data(db, task_id, "response.output_text.delta")
@@ -214,7 +215,7 @@ def test_an_attempt_past_the_execution_timeout_is_requeued_as_timeout(
 ) -> None:
     # Real time, not a frozen clock: the hand-over of a long engine to its runner is
     # timed on the real monotonic clock, and the timeout must cut a 10 s generation.
-    settings = fast.model_copy(update={"task_timeout_seconds": 0.5})
+    settings = replace(fast, task_timeout_seconds=0.5)
     task_id = new_task(db, model_id, input="words=2000 delay=0.005")
     started = time.monotonic()
     result = run_pass(db, settings)
@@ -249,7 +250,7 @@ def test_a_stale_worker_whose_lease_was_taken_over_writes_nothing(
 def test_a_worker_that_loses_its_lease_stops_at_the_next_heartbeat(
     db: Database, fast: Settings, model_id: str
 ) -> None:
-    settings = fast.model_copy(update={"heartbeat_seconds": 0.2})
+    settings = replace(fast, heartbeat_seconds=0.2)
     task_id = new_task(db, model_id, input="words=500 delay=0.01")
     workers = Workers(db, settings)
     workers.claim()
@@ -265,7 +266,7 @@ def test_a_worker_that_loses_its_lease_stops_at_the_next_heartbeat(
 def test_cancelling_a_running_task_ends_in_cancelled_within_one_flush_interval(
     db: Database, fast: Settings, model_id: str
 ) -> None:
-    settings = fast.model_copy(update={"flush_interval_ms": 200, "heartbeat_seconds": 4})
+    settings = replace(fast, flush_interval_ms=200, heartbeat_seconds=4)
     task_id = new_task(db, model_id, input="words=500 delay=0.01")
     workers = Workers(db, settings)
     workers.claim()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from dataclasses import replace
 
 from sqlalchemy import select
 
@@ -38,7 +39,7 @@ def _starts(db: Database) -> list[tuple[int, str, str]]:
 
 
 def _two_slots(fast: Settings) -> Settings:
-    return fast.model_copy(update={"worker_concurrency": 2})
+    return replace(fast, worker_concurrency=2)
 
 
 def test_a_new_clients_task_starts_within_two_claims_of_a_2000_task_backlog(

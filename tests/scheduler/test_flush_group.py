@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import cast
 
 import pytest
@@ -127,7 +128,7 @@ def test_a_called_attempt_that_ends_or_never_comes_does_not_hold_the_leader(
 
 @pytest.fixture
 def parallel(fast: Settings) -> Iterator[Settings]:
-    yield fast.model_copy(update={"flush_interval_ms": 100, "flush_bytes": 10_000})
+    yield replace(fast, flush_interval_ms=100, flush_bytes=10_000)
 
 
 def test_attempts_streaming_side_by_side_share_flush_transactions(

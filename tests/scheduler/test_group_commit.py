@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -218,7 +219,7 @@ def test_a_worker_completes_a_burst_of_short_tasks_in_shared_transactions(
     monkeypatch.setattr(completion, "complete_all", recording)
     ids = enqueue_many(db, model_id, 24)
 
-    summary = run_pass(db, fast.model_copy(update={"worker_concurrency": 8}))
+    summary = run_pass(db, replace(fast, worker_concurrency=8))
 
     assert summary["completed"] == 24 and sum(groups) == 24
     assert len(groups) < 24  # timing decides the exact grouping; one per task is the bug

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -72,7 +73,7 @@ def test_stopping_the_loop_hands_back_unfinished_work_and_ends_every_thread(
 ) -> None:
     before = set(threading.enumerate())
     task_id = new_task(db, model_id, input="words=1000 delay=0.01")
-    loop = SweeperLoop(db, fast.model_copy(update={"drain_seconds": 0.3}))
+    loop = SweeperLoop(db, replace(fast, drain_seconds=0.3))
     loop.start()
     wait_until(lambda: streamed_text(db, task_id), timeout=10, what="some output")
 

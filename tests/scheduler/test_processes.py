@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 from collections import Counter
+from dataclasses import replace
 
 import httpx
 from sqlalchemy import func, select
@@ -156,7 +157,7 @@ def test_two_sweepers_execute_each_of_1000_tasks_exactly_once(
     db: Database, settings: Settings, model_id: str, children: Children
 ) -> None:
     for node in ("node-1", "node-2"):
-        children.start(environment(settings.model_copy(update={"node_id": node}),
+        children.start(environment(replace(settings, node_id=node),
                                    worker_concurrency=8), "sweeper")
     wait_until(lambda: all("sweeper started" in children.log_of(i) for i in (0, 1)),
                timeout=30, what="both sweepers up")

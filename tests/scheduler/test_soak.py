@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import func, select
@@ -59,7 +60,7 @@ def unfinished(db: Database) -> int:
 def test_sweepers_killed_and_restarted_under_load_lose_and_repeat_nothing(
     db: Database, settings: Settings, model_id: str, children: Children
 ) -> None:
-    envs = {node: environment(settings.model_copy(update={"node_id": node}),
+    envs = {node: environment(replace(settings, node_id=node),
                               lease_seconds=2, heartbeat_seconds=0.5, flush_interval_ms=50,
                               worker_concurrency=4) for node in NODES}
     running = {node: children.start(envs[node], "sweeper") for node in NODES}

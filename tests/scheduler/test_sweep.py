@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -77,7 +78,7 @@ def test_a_pass_finalises_a_task_cancelled_while_it_waited_to_be_resumed(
 def test_a_pass_removes_finished_tasks_past_retention_and_keeps_unfinished_ones(
     db: Database, fast: Settings, model_id: str
 ) -> None:
-    settings = fast.model_copy(update={"retention_hours": 1})
+    settings = replace(fast, retention_hours=1)
     with freeze_time(datetime.now(UTC)) as frozen:
         finished = new_task(db, model_id)
         one_pass(db, settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -25,7 +26,7 @@ LONG = "words=1000 delay=0.01"
 def test_a_claim_takes_no_more_tasks_than_there_are_free_slots(
     db: Database, fast: Settings, model_id: str
 ) -> None:
-    settings = fast.model_copy(update={"worker_concurrency": 2})
+    settings = replace(fast, worker_concurrency=2)
     ids = [new_task(db, model_id, input=LONG) for _ in range(5)]
     workers = Workers(db, settings)
     try:
@@ -67,7 +68,7 @@ def test_a_claim_fills_the_slots_whose_completions_still_wait_for_their_commit(
 ) -> None:
     """A slot is free once its attempt handed its completion to the group commit: the
     next claim does not wait for that commit, and the completion still lands once."""
-    settings = fast.model_copy(update={"worker_concurrency": 2})
+    settings = replace(fast, worker_concurrency=2)
     first = [new_task(db, model_id, input="words=1") for _ in range(2)]
     workers = Workers(db, settings)
     dsn = db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -346,7 +347,7 @@ def test_a_hand_damaged_schedule_is_parked_for_a_day_and_the_others_fire(
 def test_the_ledger_keeps_a_schedules_slots_for_the_retention_period_only(
     db: Database, settings: Settings, model_id: str
 ) -> None:
-    keep_three_hours = settings.model_copy(update={"retention_hours": 3})
+    keep_three_hours = replace(settings, retention_hours=3)
     create_at("2024-03-01T00:00:30Z", db, settings, model_id, "0 * * * *")
     for hour in range(1, 10):
         fire_at(f"2024-03-01T{hour:02d}:00:30Z", db, keep_three_hours)
@@ -400,7 +401,7 @@ def test_a_cap_lowered_after_the_schedule_was_accepted_holds_its_tasks_to_the_ne
     db: Database, settings: Settings, model_id: str
 ) -> None:
     create_at("2024-03-01T00:00:30Z", db, settings, model_id, "0 * * * *", max_attempts=8)
-    lowered = settings.model_copy(update={"max_attempts_cap": 5, "max_attempts_default": 2})
+    lowered = replace(settings, max_attempts_cap=5, max_attempts_default=2)
     assert fire_at("2024-03-01T01:00:30Z", db, lowered) == 1
     with db.read() as conn:
         assert conn.execute(tasks.select()).one().max_attempts == 5

@@ -4,6 +4,7 @@ and a `taskward` service whose model `smol` is an upstream entry pointing at the
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,11 +35,9 @@ def llamas(tmp_path: Path) -> Iterator[list[LlamaServer]]:
 @pytest.fixture
 def quick(settings: Settings) -> Settings:
     """Settings scaled down so leases, backoff and cool-downs happen in test time."""
-    return settings.model_copy(update={
-        "lease_seconds": 5, "heartbeat_seconds": 1, "flush_interval_ms": 50,
-        "backoff_base_seconds": 0.05, "backoff_max_seconds": 0.2, "drain_seconds": 2,
-        "poll_interval_ms": 20, "upstream_cooldown_seconds": 0.05,
-    })
+    return replace(settings, lease_seconds=5, heartbeat_seconds=1, flush_interval_ms=50,
+                   backoff_base_seconds=0.05, backoff_max_seconds=0.2, drain_seconds=2,
+                   poll_interval_ms=20, upstream_cooldown_seconds=0.05)
 
 
 @pytest.fixture(autouse=True)

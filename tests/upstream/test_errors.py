@@ -4,6 +4,7 @@ an unreachable server is retried, then dead-lettered; a refusal fails at once.""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from core.settings import Settings
 from core.states import Status
@@ -72,7 +73,7 @@ def test_a_host_no_longer_allowed_is_refused_at_use(
     add_upstream(db, [llama.base_url])  # accepted while any host was allowed
     [task_id] = enqueue(db, max_output_tokens=4)
 
-    run_until_finished(db, quick.model_copy(update={"upstream_allowed_hosts": "*.internal"}),
+    run_until_finished(db, replace(quick, upstream_allowed_hosts="*.internal"),
                        task_id)
 
     row = task_row(db, task_id)

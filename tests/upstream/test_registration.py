@@ -4,6 +4,7 @@ variable name (never a key), refused with stable codes before anything is stored
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -78,7 +79,7 @@ def test_an_upstream_needs_the_openai_engine(
 def test_allowed_hosts_refuse_other_hosts_at_registration(
     db: Database, settings: Settings
 ) -> None:
-    narrowed = settings.model_copy(update={"upstream_allowed_hosts": "*.internal, 10.0.0.5"})
+    narrowed = replace(settings, upstream_allowed_hosts="*.internal, 10.0.0.5")
     with TestClient(serving_app(narrowed)) as client:
         me = caller(db, client, "models:admin")
         refused = me.post("/v1/models", json={"id": "x", "upstream": {
