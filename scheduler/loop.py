@@ -16,7 +16,12 @@ Cancels need no push: the lease keeper asks the store at each tick
 
 Maintenance (expired leases, orphaned cancels, schedules, retention) runs on a second
 thread at the times `TASKWARD_SWEEP_SCHEDULE` names, and once at start so leftovers of a
-crash are picked up at once.
+crash are picked up at once. That start's pass waits until the claimer first finds
+nothing more to start, i.e. until the work queued before the start is claimed, but no
+longer than `_START_PASS_LATEST_SECONDS`: run at once, its queries, its imports and
+its share of the GIL landed in the first 200 ms of a drain, while both sweepers of
+`bench.peers` were still ramping up (~5 % of a 10,000-task drain's span, issue 15).
+Leftovers wait no longer for it than the backlog's own tasks wait for slots anyway.
 
 `start` claims first: the claimer's first claim goes before the listener connects and
 before the start's maintenance pass (whose modules are imported only then), so work
@@ -49,6 +54,9 @@ _ERROR_PAUSE_SECONDS = 1.0
 # How long `start` waits for the first claim before starting the rest anyway (a store
 # that does not answer must not hold maintenance back for long).
 _FIRST_CLAIM_WAIT_SECONDS = 1.0
+# The latest the start's maintenance pass waits for the claimer to find nothing more to
+# start (a backlog queued before the start); far below a cron slot's minute.
+_START_PASS_LATEST_SECONDS = 5.0
 
 
 class SweeperLoop:
@@ -60,6 +68,8 @@ class SweeperLoop:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._first_claim = threading.Event()  # set once the first claim has returned
+        self._caught_up = threading.Event()  # set once a claim started nothing (or failed)
+        self._start_pass_waited = False  # only the start's pass waits for `_caught_up`
         self._workers: Workers | None = None
         announced = {WORK_CHANNEL: lambda _payload: self._wake.set()}
         self._listener = db.listener(announced)
@@ -82,6 +92,7 @@ class SweeperLoop:
     def stop(self) -> None:
         """Graceful stop; returns once every thread of the loop has ended."""
         self._stopping.set()
+        self._caught_up.set()  # a start's pass still waiting gives up
         self._unlisten()
         self._wake.set()
         self._claimer.join()
@@ -101,14 +112,26 @@ class SweeperLoop:
             except Exception:
                 log.exception("claim failed; retrying")
                 self._first_claim.set()
+                self._caught_up.set()  # an outage does not hold maintenance back
                 self._stopping.wait(_ERROR_PAUSE_SECONDS)
                 continue
             self._first_claim.set()
             if started:
                 continue  # more may be due; with no free slot a claim costs nothing
+            self._caught_up.set()
             self._wake.wait(self._idle_wait)
 
     def _maintain(self) -> None:
+        """The timer's pass; its first, the start's, once the claimer has caught up
+        (none when the loop stops meanwhile)."""
+        if not self._start_pass_waited:
+            self._start_pass_waited = True
+            self._caught_up.wait(_START_PASS_LATEST_SECONDS)
+            if self._stopping.is_set():
+                return
+        self._maintain_now()
+
+    def _maintain_now(self) -> None:
         from scheduler.sweep import maintain  # not on the first claim's path
 
         log.info("maintenance pass: %s", maintain(self._db, self._settings))

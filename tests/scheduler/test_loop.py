@@ -9,14 +9,17 @@ from datetime import UTC, datetime
 
 import pytest
 from freezegun import freeze_time
+from sqlalchemy import select
 
 from core.clock import Clock
 from core.cron import next_slot, parse_cron
 from core.settings import Settings
 from core.states import Status
 from core.store.database import Database
+from core.tables import tasks
 from scheduler.loop import SweeperLoop
 from scheduler.timer import MaintenanceTimer
+from scheduler.workers import Workers
 from tests.scheduler.helpers import streamed_text
 from tests.scheduler.processes import wait_until
 from tests.store.helpers import event_types, events_of, new_task, task_row
@@ -93,13 +96,13 @@ def test_work_queued_before_the_start_is_claimed_before_listening_and_maintenanc
     # and the maintenance pass (and the LISTEN connection) begin only after it.
     task_id = new_task(db, model_id, input="words=1")
     seen_at_maintenance: list[str] = []
-    original = SweeperLoop._maintain
+    original = SweeperLoop._maintain_now
 
     def maintain(loop: SweeperLoop) -> None:
         seen_at_maintenance.append(task_row(db, task_id).status)
         original(loop)
 
-    monkeypatch.setattr(SweeperLoop, "_maintain", maintain)
+    monkeypatch.setattr(SweeperLoop, "_maintain_now", maintain)
     loop = SweeperLoop(db, fast)
     loop.start()
     try:
@@ -110,3 +113,73 @@ def test_work_queued_before_the_start_is_claimed_before_listening_and_maintenanc
                    what="completion")
     finally:
         loop.stop()
+
+
+def test_the_starts_maintenance_pass_waits_until_the_backlog_is_claimed(
+    db: Database, fast: Settings, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three claims' worth of work queued before the start (4 slots): the start's pass
+    # runs once a claim found nothing more to start, so nothing is queued by then.
+    task_ids = [new_task(db, model_id, input="words=1") for _ in range(12)]
+    seen_at_maintenance: list[list[str]] = []
+    original = SweeperLoop._maintain_now
+
+    def maintain(loop: SweeperLoop) -> None:
+        with db.read() as conn:  # one read: the claimer goes on meanwhile
+            seen_at_maintenance.append(list(conn.execute(select(tasks.c.status)).scalars()))
+        original(loop)
+
+    monkeypatch.setattr(SweeperLoop, "_maintain_now", maintain)
+    loop = SweeperLoop(db, fast)
+    loop.start()
+    try:
+        wait_until(lambda: seen_at_maintenance, timeout=5, what="the start's maintenance pass")
+        assert Status.QUEUED not in seen_at_maintenance[0]
+        wait_until(lambda: all(task_row(db, t).status == Status.COMPLETED for t in task_ids),
+                   timeout=10, what="completion")
+    finally:
+        loop.stop()
+
+
+def _always_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every claim starts one attempt: a backlog that never ends."""
+    def claim(_workers: Workers) -> int:
+        time.sleep(0.01)
+        return 1
+
+    monkeypatch.setattr(Workers, "gather_slots", lambda _workers: None)
+    monkeypatch.setattr(Workers, "claim", claim)
+
+
+def test_the_starts_maintenance_pass_waits_for_a_backlog_no_longer_than_its_bound(
+    db: Database, fast: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _always_busy(monkeypatch)
+    monkeypatch.setattr("scheduler.loop._START_PASS_LATEST_SECONDS", 0.3)
+    passes: list[float] = []
+    monkeypatch.setattr(SweeperLoop, "_maintain_now",
+                        lambda _loop: passes.append(time.monotonic()))
+    started = time.monotonic()
+    loop = SweeperLoop(db, fast)
+    loop.start()
+    try:
+        wait_until(lambda: passes, timeout=5, what="the start's maintenance pass")
+        assert passes[0] - started >= 0.3
+    finally:
+        loop.stop()
+
+
+def test_a_loop_stopped_while_its_start_pass_waits_stops_at_once_without_the_pass(
+    db: Database, fast: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _always_busy(monkeypatch)
+    passes: list[float] = []
+    monkeypatch.setattr(SweeperLoop, "_maintain_now",
+                        lambda _loop: passes.append(time.monotonic()))
+    loop = SweeperLoop(db, fast)
+    loop.start()
+    time.sleep(0.2)
+    stopping = time.monotonic()
+    loop.stop()
+    assert time.monotonic() - stopping < 2  # not the bound's 5 s
+    assert passes == []
