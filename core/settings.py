@@ -162,7 +162,7 @@ def load_settings(**overrides: object) -> Settings:
     values = {**from_file, **{name: from_env[name] for name in SETTING_NAMES if name in from_env},
               **overrides}
     try:
-        return msgspec.convert(values, type=Settings, strict=False, dec_hook=_decode_path)
+        return msgspec.convert(values, type=Settings, strict=False, dec_hook=decode_path)
     except msgspec.ValidationError as exc:
         found = _AT_FIELD.match(str(exc))
         if found is None:
@@ -182,8 +182,8 @@ def _read_file() -> dict[str, Any]:
             raise SettingsError(f"{TOML_FILE}: {exc}") from None
 
 
-def _decode_path(kind: type, value: Any) -> Any:
-    """msgspec's hook for the one type it does not convert itself."""
+def decode_path(kind: type, value: Any) -> Any:
+    """msgspec's `dec_hook` for the one type of a setting it does not convert itself."""
     if kind is Path and isinstance(value, str | Path):
         return Path(value)
     raise TypeError(f"expected a path, got {type(value).__name__}")  # msgspec names the key

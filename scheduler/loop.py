@@ -69,7 +69,6 @@ class SweeperLoop:
         self._stopping = threading.Event()
         self._first_claim = threading.Event()  # set once the first claim has returned
         self._caught_up = threading.Event()  # set once a claim started nothing (or failed)
-        self._start_pass_waited = False  # only the start's pass waits for `_caught_up`
         self._workers: Workers | None = None
         announced = {WORK_CHANNEL: lambda _payload: self._wake.set()}
         self._listener = db.listener(announced)
@@ -78,7 +77,8 @@ class SweeperLoop:
         pushed = in_process_wakeups or self._listener is not None
         poll = settings.poll_interval_ms / 1000
         self._idle_wait = max(poll, _PUSHED_POLL_SECONDS) if pushed else poll
-        self._maintenance = MaintenanceTimer(settings.sweep_schedule, db.clock, self._maintain)
+        self._maintenance = MaintenanceTimer(settings.sweep_schedule, db.clock, self._maintain,
+                                             start_gate=self._caught_up_for_the_start_pass)
         self._claimer = threading.Thread(target=self._claim_loop, name="claimer", daemon=True)
 
     def start(self) -> None:
@@ -121,17 +121,14 @@ class SweeperLoop:
             self._caught_up.set()
             self._wake.wait(self._idle_wait)
 
-    def _maintain(self) -> None:
-        """The timer's pass; its first, the start's, once the claimer has caught up
-        (none when the loop stops meanwhile)."""
-        if not self._start_pass_waited:
-            self._start_pass_waited = True
-            self._caught_up.wait(_START_PASS_LATEST_SECONDS)
-            if self._stopping.is_set():
-                return
-        self._maintain_now()
+    def _caught_up_for_the_start_pass(self) -> bool:
+        """The timer's gate before the start's pass: the claimer has caught up, or
+        `_START_PASS_LATEST_SECONDS` went by; False (no pass) when the loop stops
+        meanwhile."""
+        self._caught_up.wait(_START_PASS_LATEST_SECONDS)
+        return not self._stopping.is_set()
 
-    def _maintain_now(self) -> None:
+    def _maintain(self) -> None:
         from scheduler.sweep import maintain  # not on the first claim's path
 
         log.info("maintenance pass: %s", maintain(self._db, self._settings))

@@ -19,16 +19,22 @@ log = logging.getLogger(__name__)
 class MaintenanceTimer:
     """Calls `run` once at start and then at every slot of `schedule`.
 
+    `start_gate`, when given, is called on the timer's thread before the start's pass
+    and may hold it back: the timer waits for it, and ends at once (no pass at all)
+    when it returns False.
+
     Time comes from `clock`; `poll` holds the whole decision, so tests drive it under a
     frozen clock (freezegun) without the thread, which only polls every `tick_seconds`.
     """
 
     def __init__(
-        self, schedule: str, clock: Clock, run: Callable[[], object], *, tick_seconds: float = 1.0
+        self, schedule: str, clock: Clock, run: Callable[[], object], *, tick_seconds: float = 1.0,
+        start_gate: Callable[[], bool] | None = None,
     ) -> None:
         self._schedule = parse_cron(schedule)
         self._clock = clock
         self._run_pass = run
+        self._start_gate = start_gate
         self._tick = tick_seconds
         self._due_ms: int | None = None  # None: the start pass has not run yet
         self._stop = threading.Event()
@@ -51,6 +57,8 @@ class MaintenanceTimer:
         return True
 
     def _run(self) -> None:
+        if self._start_gate is not None and not self._start_gate():
+            return
         self.poll()
         while not self._stop.wait(self._tick):
             self.poll()

@@ -16,7 +16,7 @@ import msgspec
 from msgspec import Meta
 
 from core.engines.base import usable_cores
-from core.settings import ENV_PREFIX, SETTING_NAMES, Settings
+from core.settings import ENV_PREFIX, SETTING_NAMES, Settings, decode_path
 from infra.app import serving_app
 from infra.cli import main
 
@@ -82,7 +82,7 @@ def test_the_settings_page_gives_each_default_of_core_settings() -> None:
         written: Any = "" if cell == "(empty)" else unquoted(cell)
         # As `load_settings` reads the cell from the environment.
         read = msgspec.convert(written, type=types[setting.name], strict=False,
-                               dec_hook=lambda kind, value: kind(value))
+                               dec_hook=decode_path)
         assert read == setting.default, setting.name
 
 

@@ -96,13 +96,13 @@ def test_work_queued_before_the_start_is_claimed_before_listening_and_maintenanc
     # and the maintenance pass (and the LISTEN connection) begin only after it.
     task_id = new_task(db, model_id, input="words=1")
     seen_at_maintenance: list[str] = []
-    original = SweeperLoop._maintain_now
+    original = SweeperLoop._maintain
 
     def maintain(loop: SweeperLoop) -> None:
         seen_at_maintenance.append(task_row(db, task_id).status)
         original(loop)
 
-    monkeypatch.setattr(SweeperLoop, "_maintain_now", maintain)
+    monkeypatch.setattr(SweeperLoop, "_maintain", maintain)
     loop = SweeperLoop(db, fast)
     loop.start()
     try:
@@ -122,14 +122,14 @@ def test_the_starts_maintenance_pass_waits_until_the_backlog_is_claimed(
     # runs once a claim found nothing more to start, so nothing is queued by then.
     task_ids = [new_task(db, model_id, input="words=1") for _ in range(12)]
     seen_at_maintenance: list[list[str]] = []
-    original = SweeperLoop._maintain_now
+    original = SweeperLoop._maintain
 
     def maintain(loop: SweeperLoop) -> None:
         with db.read() as conn:  # one read: the claimer goes on meanwhile
             seen_at_maintenance.append(list(conn.execute(select(tasks.c.status)).scalars()))
         original(loop)
 
-    monkeypatch.setattr(SweeperLoop, "_maintain_now", maintain)
+    monkeypatch.setattr(SweeperLoop, "_maintain", maintain)
     loop = SweeperLoop(db, fast)
     loop.start()
     try:
@@ -157,7 +157,7 @@ def test_the_starts_maintenance_pass_waits_for_a_backlog_no_longer_than_its_boun
     _always_busy(monkeypatch)
     monkeypatch.setattr("scheduler.loop._START_PASS_LATEST_SECONDS", 0.3)
     passes: list[float] = []
-    monkeypatch.setattr(SweeperLoop, "_maintain_now",
+    monkeypatch.setattr(SweeperLoop, "_maintain",
                         lambda _loop: passes.append(time.monotonic()))
     started = time.monotonic()
     loop = SweeperLoop(db, fast)
@@ -174,7 +174,7 @@ def test_a_loop_stopped_while_its_start_pass_waits_stops_at_once_without_the_pas
 ) -> None:
     _always_busy(monkeypatch)
     passes: list[float] = []
-    monkeypatch.setattr(SweeperLoop, "_maintain_now",
+    monkeypatch.setattr(SweeperLoop, "_maintain",
                         lambda _loop: passes.append(time.monotonic()))
     loop = SweeperLoop(db, fast)
     loop.start()
