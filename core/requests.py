@@ -8,13 +8,12 @@ the prompt back in an error message.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, Strict, StringConstraints, field_validator, model_validator
 
 from core.bodies import StrictBody
 from core.clock import utc_ms
-from core.engines.base import GenerationRequest
 from core.errors import InvalidInput
 from core.ids import sampling_seed
 from core.priorities import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY, SERVICE_TIERS
@@ -161,25 +160,4 @@ def new_task(
         on_restart=request.on_restart, max_attempts=attempts, run_at=run_at,
         metadata=dict(request.metadata), dedupe_key=request.dedupe_key, schedule_id=schedule_id,
         priority=request.effective_priority, max_active=max_active,
-    )
-
-
-def generation_request(stored: dict[str, Any]) -> GenerationRequest:
-    """The engine's view of a stored body; raises on anything it cannot decode."""
-    request = ResponseRequest.model_validate(stored)
-    messages: list[dict[str, str]] = []
-    if request.instructions:
-        messages.append({"role": "system", "content": request.instructions})
-    if isinstance(request.input, str):
-        messages.append({"role": "user", "content": request.input})
-    else:
-        for message in request.input:
-            role = "system" if message.role == "developer" else message.role
-            messages.append({"role": role, "content": message.text()})
-    return GenerationRequest(
-        messages=messages,
-        max_output_tokens=request.max_output_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        seed=request.seed,
     )

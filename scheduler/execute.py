@@ -33,10 +33,10 @@ from core.engines.registry import engine_named
 from core.engines.sampling import with_model_defaults
 from core.errors import CancelRequested, DomainError, LeaseLost
 from core.models_registry import verified_model_file
-from core.requests import generation_request
 from core.settings import Settings
 from core.store import completion, worker_writes
 from core.store.database import Database
+from core.stored_request import generation_request
 from scheduler.attempt import WAKE, Attempt, Outcome, StopReason
 from scheduler.backoff import retry_delay_ms
 from scheduler.engine_threads import EngineThreads
@@ -188,7 +188,7 @@ def _execute(
 ) -> Outcome | None:
     claim = attempt.claim
     try:
-        request = generation_request(json.loads(claim.request_json))
+        request = generation_request(claim.request_json)
     except Exception:  # whatever is stored, it must not stop the sweeper
         return _fail(db, attempt, INVALID_REQUEST, "the stored request cannot be decoded")
     try:

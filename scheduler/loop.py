@@ -27,10 +27,10 @@ Leftovers wait no longer for it than the backlog's own tasks wait for slots anyw
 before the start's maintenance pass (whose modules are imported only then), so work
 already queued when a sweeper starts does not wait for either (issue 15: that pass and
 the LISTEN connection shared the GIL with the first claim). What the claimed attempts
-run with (`scheduler.execute`: the request models, completion) is imported once that
-claim has taken work, not before it (`Workers.claim`). Nothing is lost by the order:
-the listener wakes the claimer once it listens, for whatever was announced before, and
-maintenance never was ordered before claiming (they run on two threads).
+run with (`scheduler.execute`: the stored request's decoder, completion) is imported
+once that claim has taken work, not before it (`Workers.claim`). Nothing is lost by the
+order: the listener wakes the claimer once it listens, for whatever was announced
+before, and maintenance never was ordered before claiming (they run on two threads).
 
 `stop` is the graceful stop of docs/operations.md: no new claims, running attempts drain
 until `TASKWARD_DRAIN_SECONDS`, what is left is handed back. Every thread started here

@@ -347,12 +347,12 @@ def _record_upstream_reports(db: Database) -> None:
 
 
 def _import_attempt_modules() -> None:
-    """Import what an attempt runs with (`scheduler.execute`: the request models, the
-    engines' calls, completion; the model check; the lease keeper's cancel query) once a
-    claim has taken work, before its attempts start: a sweeper then claims before paying
-    for them (issue 15). Not from the attempts' threads: an engine thread waiting on
-    another's import looked stalled to the hand-off watcher, which then spread the batch
-    over a thread per attempt."""
+    """Import what an attempt runs with (`scheduler.execute`: the stored request's
+    decoder, the engines' calls, completion; the model check; the lease keeper's cancel
+    query) once a claim has taken work, before its attempts start: a sweeper then claims
+    before paying for them (issue 15). Not from the attempts' threads: an engine thread
+    waiting on another's import looked stalled to the hand-off watcher, which then spread
+    the batch over a thread per attempt."""
     for name in ("scheduler.execute", "core.store.tasks"):
         importlib.import_module(name)
 

@@ -150,7 +150,7 @@ def test_the_sweeper_command_loads_no_http_server() -> None:
 
     # Nor what only other commands or processes use: alembic migrates, pydantic-settings
     # is not used at all (`core.settings` reads its sources itself, and converts them
-    # with msgspec: pydantic is for the request models an attempt imports). Nor what comes after
+    # with msgspec; pydantic is for the request models the API validates). Nor what comes after
     # the first claim: croniter (and its dateutil, and its `file` subprocess) walks the
     # maintenance schedule, tomllib reads a `taskward.toml` only where there is one, and
     # what an attempt runs with (the request models, completion) is imported once a
@@ -163,6 +163,20 @@ def test_the_sweeper_command_loads_no_http_server() -> None:
     probe = ("import sys; from infra.cli import main; main.get_command(None, 'sweeper'); "
              "import scheduler.loop; "
              f"print(sorted(m for m in {unused!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_an_attempt_loads_no_request_models() -> None:
+    import subprocess
+    import sys
+
+    # A claimed no-op attempt reads its stored body with `core.stored_request`: the
+    # request models and pydantic are the API's (and schedule firing's), not a drain's.
+    probe = ("import sys; from scheduler.workers import _import_attempt_modules; "
+             "_import_attempt_modules(); "
+             "print(sorted(m for m in ('pydantic', 'core.requests') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"
