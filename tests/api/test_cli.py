@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from typing import Any
 
@@ -144,56 +145,47 @@ def test_every_command_is_found_in_its_own_module() -> None:
     assert listed == COMMAND_MODULES
 
 
-def test_the_sweeper_command_loads_no_http_server() -> None:
+def _loaded_after(imports: str, names: tuple[str, ...]) -> list[str]:
+    """Which of `names` a fresh interpreter holds once it has run `imports`."""
     import subprocess
     import sys
 
+    probe = f"import sys; {imports}; print(sorted(m for m in {names!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    return list(ast.literal_eval(done.stdout.strip()))
+
+
+def test_the_sweeper_command_loads_no_http_server() -> None:
     # Nor what only other commands or processes use: alembic migrates, pydantic-settings
     # is not used at all (`core.settings` reads its sources itself, and converts them
-    # with msgspec; pydantic is for the request models the API validates). Nor what comes after
-    # the first claim: croniter (and its dateutil, and its `file` subprocess) walks the
-    # maintenance schedule, tomllib reads a `taskward.toml` only where there is one, and
-    # what an attempt runs with (the request models, completion) is imported once a
-    # claim has taken work (`Workers.claim`). No store's dialect either: the
-    # engine, made later, imports its own (`core.tables` names both).
+    # with msgspec; pydantic is for the request models the API validates). Nor what
+    # comes after the first claim: croniter (and its dateutil, and its `file` subprocess)
+    # walks the maintenance schedule, tomllib reads a `taskward.toml` only where there
+    # is one, and what an attempt runs with (the stored request's decoder, completion)
+    # is imported once a claim has taken work (`Workers.claim`). No store's dialect
+    # either: the engine, made later, imports its own (`core.tables` names both).
     unused = ("granian", "litestar", "handlers", "alembic", "pydantic", "pydantic_settings",
               "httpx", "croniter", "dateutil", "tomllib", "scheduler.execute", "core.requests",
               "core.store.completion", "sqlalchemy.dialects.sqlite",
               "sqlalchemy.dialects.postgresql")
-    probe = ("import sys; from infra.cli import main; main.get_command(None, 'sweeper'); "
-             "import scheduler.loop; "
-             f"print(sorted(m for m in {unused!r} if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True)
-    assert done.stdout.strip() == "[]"
+    assert _loaded_after("from infra.cli import main; main.get_command(None, 'sweeper'); "
+                         "import scheduler.loop", unused) == []
 
 
 def test_an_attempt_loads_no_request_models() -> None:
-    import subprocess
-    import sys
-
     # A claimed no-op attempt reads its stored body with `core.stored_request`: the
     # request models and pydantic are the API's (and schedule firing's), not a drain's.
-    probe = ("import sys; from scheduler.workers import _import_attempt_modules; "
-             "_import_attempt_modules(); "
-             "print(sorted(m for m in ('pydantic', 'core.requests') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True)
-    assert done.stdout.strip() == "[]"
+    assert _loaded_after("from scheduler.workers import _import_attempt_modules; "
+                         "_import_attempt_modules()", ("pydantic", "core.requests")) == []
 
 
 def test_the_maintenance_modules_load_no_store_dialect() -> None:
-    import subprocess
-    import sys
-
     # A sweeper's start-of-life maintenance pass fires schedules (births, schedule slots)
     # beside its first attempts: on SQLite it must not pay for PostgreSQL's dialect.
-    probe = ("import sys; import core.schedule_firing, core.store.births, "
-             "core.store.schedule_slots, core.store.pg_births; "
-             "print('sqlalchemy.dialects.postgresql' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True)
-    assert done.stdout.strip() == "False"
+    assert _loaded_after("import core.schedule_firing, core.store.births, "
+                         "core.store.schedule_slots, core.store.pg_births",
+                         ("sqlalchemy.dialects.postgresql",)) == []
 
 
 def test_command_modules_are_imported_with_the_collector_paused() -> None:
