@@ -16,9 +16,10 @@ Cancels need no push: the lease keeper asks the store at each tick
 
 Maintenance (expired leases, orphaned cancels, schedules, retention) runs on a second
 thread at the times `TASKWARD_SWEEP_SCHEDULE` names, and once at start so leftovers of a
-crash are picked up at once. That start's pass waits until the claimer first finds
-nothing more to start, i.e. until the work queued before the start is claimed, but no
-longer than `_START_PASS_LATEST_SECONDS`: run at once, its queries, its imports and
+crash are picked up at once. That start's pass waits until a claim first takes all
+that is due (a claim skipped for want of a free slot does not count), i.e. until the
+work queued before the start is claimed, but no longer than
+`_START_PASS_LATEST_SECONDS`: run at once, its queries, its imports and
 its share of the GIL landed in the first 200 ms of a drain, while both sweepers of
 `bench.peers` were still ramping up (~5 % of a 10,000-task drain's span, issue 15).
 Leftovers wait no longer for it than the backlog's own tasks wait for slots anyway.
@@ -68,7 +69,7 @@ class SweeperLoop:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._first_claim = threading.Event()  # set once the first claim has returned
-        self._caught_up = threading.Event()  # set once a claim started nothing (or failed)
+        self._caught_up = threading.Event()  # set once a claim took all that was due (or failed)
         self._workers: Workers | None = None
         announced = {WORK_CHANNEL: lambda _payload: self._wake.set()}
         self._listener = db.listener(announced)
@@ -118,7 +119,8 @@ class SweeperLoop:
             self._first_claim.set()
             if started:
                 continue  # more may be due; with no free slot a claim costs nothing
-            self._caught_up.set()
+            if self._workers.caught_up():  # not merely out of free slots
+                self._caught_up.set()
             self._wake.wait(self._idle_wait)
 
     def _caught_up_for_the_start_pass(self) -> bool:

@@ -154,6 +154,12 @@ class Workers:
         with self._lock:
             return bool(self._active)
 
+    def caught_up(self) -> bool:
+        """Whether the last claim found fewer due tasks than free slots, i.e. took all
+        that was due then. A claim skipped for want of a free slot does not say so."""
+        with self._lock:
+            return not self._backlog
+
     def gather_slots(self) -> None:
         """Before a claim, when the last one found more due work than free slots: while
         attempts run, wait for more slots to free up, at most `_GATHER_SECONDS` in all
