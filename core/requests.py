@@ -20,6 +20,7 @@ from core.priorities import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY,
 from core.settings import Settings
 from core.states import OnRestart
 from core.store.births import NewTask
+from core.stored_request import Role
 
 PrintableAscii = Annotated[
     str, StringConstraints(min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$")
@@ -35,13 +36,8 @@ class InputText(StrictBody):
 
 class Message(StrictBody):
     type: Literal["message"] | None = None
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Role
     content: str | list[InputText] = Field(max_length=MAX_TEXT)
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
 
 
 class ResponseRequest(StrictBody):

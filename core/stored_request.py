@@ -15,13 +15,15 @@ import msgspec
 
 from core.engines.base import GenerationRequest
 
+Role = Literal["system", "developer", "user", "assistant"]  # also what the API accepts
+
 
 class _Part(msgspec.Struct):
     text: str
 
 
 class _Message(msgspec.Struct):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Role
     content: str | list[_Part]
 
 
