@@ -78,7 +78,9 @@ class Workers:
         self._active: dict[str, Attempt] = {}
         self._handed_over: set[str] = set()  # completion submitted: the slot is free
         self._unwritten: set[str] = set()  # ... and its group not yet written
-        self._backlog = False
+        # Per kind (upstream or not): whether its last claim with a free slot filled
+        # every free slot, so that more of it may be due (`_claimed`).
+        self._backlog_of = {False: False, True: False}
         self._freed_at = 0.0  # `time.monotonic` of the latest slot freed
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -155,10 +157,16 @@ class Workers:
             return bool(self._active)
 
     def caught_up(self) -> bool:
-        """Whether the last claim found fewer due tasks than free slots, i.e. took all
-        that was due then. A claim skipped for want of a free slot does not say so."""
+        """Whether the last claim of each kind found fewer due tasks than free slots,
+        i.e. took all that was due then. A claim in which a kind had no free slot says
+        nothing of that kind."""
         with self._lock:
-            return not self._backlog
+            return not self._backlog()
+
+    def _backlog(self) -> bool:
+        """Whether more work of some kind may be due than its last claim took (the lock
+        held)."""
+        return any(self._backlog_of.values())
 
     def gather_slots(self) -> None:
         """Before a claim, when the last one found more due work than free slots: while
@@ -173,7 +181,7 @@ class Workers:
         """
         with self._lock:
             gather(self._idle, lambda: self._freed_at,
-                   lambda: not (self._backlog and self._executing()),
+                   lambda: not (self._backlog() and self._executing()),
                    gather_seconds=_GATHER_SECONDS, quiet_seconds=_QUIET_SECONDS)
 
     def claim(self) -> int:
@@ -188,9 +196,12 @@ class Workers:
                              node_id=self._settings.node_id)
         with self._lock:
             # More may be due when a kind filled all its free slots: worth gathering slots.
-            self._backlog = any(
-                free > 0 and sum(1 for c in taken if c.upstream == kind) == free
-                for kind, free in ((False, local), (True, upstream)))
+            # A kind with no free slot was not asked: what its last claim found stands (a
+            # claim for upstream slots alone, all local ones busy, said the local backlog
+            # was gone, and released the start's maintenance pass in the middle of a drain).
+            for kind, free in ((False, local), (True, upstream)):
+                if free > 0:
+                    self._backlog_of[kind] = sum(1 for c in taken if c.upstream == kind) == free
         if not taken:
             return 0
         _import_attempt_modules()

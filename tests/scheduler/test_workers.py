@@ -38,6 +38,24 @@ def test_a_claim_takes_no_more_tasks_than_there_are_free_slots(
         workers.stop(drain_seconds=0)
 
 
+def test_a_claim_for_upstream_slots_alone_leaves_the_local_backlog_standing(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    """With every local slot busy, a claim still asks for upstream work (its slots are
+    free): that it found none says nothing of the local tasks still queued."""
+    settings = replace(fast, worker_concurrency=2)
+    for _ in range(5):
+        new_task(db, model_id, input=LONG)
+    workers = Workers(db, settings)
+    try:
+        assert workers.claim() == 2
+        assert not workers.caught_up()
+        assert workers.claim() == 0  # the local slots are full; no upstream work exists
+        assert not workers.caught_up()
+    finally:
+        workers.stop(drain_seconds=0)
+
+
 def test_graceful_stop_lets_work_finish_until_the_deadline_then_hands_back_the_rest(
     db: Database, fast: Settings, model_id: str
 ) -> None:
