@@ -39,8 +39,11 @@ def environment(settings: Settings, **extra: object) -> dict[str, str]:
     return env
 
 
-def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+def wait_until(
+    predicate: Callable[[], Any], *, timeout: float, what: str, every: float = 0.02
+) -> Any:
+    """Poll `predicate` every `every` seconds until it returns something truthy; fail
+    after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -48,7 +51,7 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str) -> An
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(every)
 
 
 def run_command(
