@@ -17,7 +17,7 @@ Cancels need no push: the lease keeper asks the store at each tick
 Maintenance (expired leases, orphaned cancels, schedules, retention) runs on a second
 thread at the times `TASKWARD_SWEEP_SCHEDULE` names, and once at start so leftovers of a
 crash are picked up at once. That start's pass waits until a claim first takes all
-that is due (a claim skipped for want of a free slot does not count), i.e. until the
+that is due (of a kind with no free slot, a claim says nothing), i.e. until the
 work queued before the start is claimed, but no longer than
 `_START_PASS_LATEST_SECONDS`: run at once, its queries, its imports and
 its share of the GIL landed in the first 200 ms of a drain, while both sweepers of
