@@ -23,15 +23,25 @@ from tests.engines import expected_text
 from tests.scheduler.helpers import run_pass, streamed_text
 from tests.store.helpers import assert_log_sound, new_task
 
-JOIN_MS = 250  # wide enough that a loaded machine does not outrun a test's "soon"
+JOIN_MS = 25
 LONG = 30.0  # a window no test may wait out
+NOW_MS = 1_800_000_000_000
+
+
+class _StoppedClock(Clock):
+    """The group's time stands still: which flushes are due within its window follows
+    from the tests' due times alone, not from how fast a loaded machine gets from a
+    test's `due` to its `write` (with the wall clock, that gap outran the window)."""
+
+    def now_ms(self) -> int:
+        return NOW_MS
 
 
 class _Store:
     """What a `FlushGroup` needs of its store: the clock; its writes are recorded."""
 
     def __init__(self) -> None:
-        self.clock = Clock()
+        self.clock = _StoppedClock()
 
 
 @pytest.fixture
@@ -73,7 +83,7 @@ def runner(group: FlushGroup, task_id: str, owner: str = "owner") -> tuple[
 
 
 def now_ms() -> int:
-    return Clock().now_ms()
+    return NOW_MS
 
 
 def test_a_flush_calls_the_attempts_due_within_the_window_into_its_transaction(
