@@ -78,8 +78,8 @@ class Workers:
         self._active: dict[str, Attempt] = {}
         self._handed_over: set[str] = set()  # completion submitted: the slot is free
         self._unwritten: set[str] = set()  # ... and its group not yet written
-        # Per kind (upstream or not): whether its last claim with a free slot filled
-        # every free slot, so that more of it may be due (`_claimed`).
+        # Per kind (upstream or not): whether its last claim with a free slot of that
+        # kind filled every one, so that more of it may be due (set by `claim`).
         self._backlog_of = {False: False, True: False}
         self._freed_at = 0.0  # `time.monotonic` of the latest slot freed
         self._lock = threading.Lock()
