@@ -9,7 +9,8 @@ The peers are installed by this script into their own virtualenv under
   slots started; jobs/s from the first job's start to the last finish, and each
   process's time from spawn to its first job (taskward: `taskward sweeper`);
 - enqueue: 8 concurrent producers, one job per call, for `--seconds` (taskward: HTTP
-  `POST /v1/responses` against `taskward serve --workers 2`); jobs/s and the
+  `POST /v1/responses` against `taskward serve`, one worker process as by default,
+  `--serve-workers` to change it); jobs/s and the
   acknowledgement latency;
 - latency: 100 jobs/s one by one into 2 running workers × 16 slots; pickup (enqueue
   call -> job start) and end to end (enqueue call -> finish stamped in the database).
@@ -291,6 +292,10 @@ def main() -> None:
     # One store writer: a second API process splits the group commit in two (both
     # handlers get the same count; 1 is what `taskward serve` and `taskward run` use).
     parser.add_argument("--sqlite-workers", type=int, default=1)
+    # On PostgreSQL too, `taskward serve`'s default: on these 2 cores, shared with the
+    # producers and the server, one process makes batches of ~4 POSTs per commit where
+    # two make ~2.5 each and pay a batch's cost twice (docs/benchmarks.md).
+    parser.add_argument("--serve-workers", type=int, default=1)
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.seconds, args.latency_jobs, args.rounds = 1000, 2.0, 100, 1
@@ -302,7 +307,8 @@ def main() -> None:
           flush=True)
     with tempfile.TemporaryDirectory(prefix="taskward-peers-") as tmp:
         workdir = Path(tmp)
-        pg: list[System] = [Taskward("postgresql")] if "taskward" in wanted else []
+        pg: list[System] = ([Taskward("postgresql", args.serve_workers)]
+                            if "taskward" in wanted else [])
         if {"procrastinate", "pgqueuer"} & set(wanted):
             python = peer_python()
             pg += [make(python) for make in (procrastinate, pgqueuer) if make.__name__ in wanted]
