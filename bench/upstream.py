@@ -12,7 +12,9 @@ At each concurrency level, a round sends that many streaming requests at once:
   `taskward run` on SQLite whose model is an upstream entry for that server
   (`max_concurrency` 8, so the server queues beyond its 4 slots as it does directly).
 Direct and taskward rounds alternate; per level the best aggregate tokens/s and the p50
-time to the first text delta (from sending the request) of all rounds are printed.
+time to the first text delta (from sending the request) of all rounds are printed, and
+for a level above the server's slots the p50s of the streams given a slot at once and
+of those it queued, apart (the level's p50 is the midpoint between the two groups).
 The store's write load at the highest level comes from the event log: events and
 write transactions (claims, flushes, completions) per generated token and per second.
 So does taskward's CPU time per generated token and per second (user + system of
@@ -131,6 +133,24 @@ def round_of(one: Callable[[], Stream], concurrency: int) -> tuple[float, list[f
     return sum(r.tokens for r in results) / wall, [r.first_delta_s for r in results]
 
 
+def queued_line(level: int, parallel: int, firsts: dict[str, list[list[float]]]) -> str:
+    """Above the server's slots, a level's p50 first delta is the midpoint between the
+    streams that got a slot at once and those the server queued until one freed, and
+    moves with either group's edge: the two groups' own p50s, side by side. A round's
+    `parallel` quickest first deltas count as the first group."""
+    p50: dict[str, tuple[float, float]] = {}
+    for name, rounds in firsts.items():
+        ordered = [sorted(ttfts) for ttfts in rounds]
+        p50[name] = (statistics.median(v for o in ordered for v in o[:parallel]) * 1000,
+                     statistics.median(v for o in ordered for v in o[parallel:]) * 1000)
+    (direct_now, direct_queued), (ours_now, ours_queued) = p50["direct"], p50["taskward"]
+    return (f"{level} streams, first delta p50 of the {parallel} per round given a slot at "
+            f"once: direct {direct_now:.0f} ms, taskward {ours_now:.0f} ms "
+            f"({ours_now - direct_now:+.0f}); of the {level - parallel} queued: direct "
+            f"{direct_queued:.0f} ms, taskward {ours_queued:.0f} ms "
+            f"({ours_queued - direct_queued:+.0f})")
+
+
 def write_load(database: Path, since_ms: int, seconds: float, tokens: int) -> str:
     """Events and write transactions the taskward side stored since `since_ms`."""
     engine = create_engine(f"sqlite:///{database}")
@@ -215,9 +235,10 @@ def main() -> None:
                   "direct TTFT p50 ms | taskward TTFT p50 ms | difference ms |")
             print("|---|---|---|---|---|---|---|")
             cpu, cpu_tokens, cpu_wall = 0.0, 0, 0.0
+            queued_lines: list[str] = []
             for level in levels:
                 best = {name: 0.0 for name in sides}
-                firsts: dict[str, list[float]] = {name: [] for name in sides}
+                firsts: dict[str, list[list[float]]] = {name: [] for name in sides}
                 for _ in range(args.rounds):
                     for name, one in sides.items():
                         if name == "taskward" and level == levels[-1]:
@@ -225,17 +246,22 @@ def main() -> None:
                             cpu_before = cpu_seconds(running.process.pid)
                         rate, ttfts = round_of(one, level)
                         best[name] = max(best[name], rate)
-                        firsts[name] += ttfts
+                        firsts[name].append(ttfts)
                         if name == "taskward" and level == levels[-1]:
                             load_window = (since_ms, time.perf_counter() - started,
                                            int(rate * (time.perf_counter() - started)))
                             cpu += cpu_seconds(running.process.pid) - cpu_before
                             cpu_tokens += load_window[2]
                             cpu_wall += load_window[1]
-                p50 = {name: statistics.median(values) * 1000 for name, values in firsts.items()}
+                p50 = {name: statistics.median(v for ttfts in rounds for v in ttfts) * 1000
+                       for name, rounds in firsts.items()}
                 print(f"| {level} | {best['direct']:.0f} | {best['taskward']:.0f} | "
                       f"{best['taskward'] / best['direct']:.2f} | {p50['direct']:.0f} | "
                       f"{p50['taskward']:.0f} | {p50['taskward'] - p50['direct']:+.0f} |")
+                if level > args.parallel:
+                    queued_lines.append(queued_line(level, args.parallel, firsts))
+            for line in queued_lines:
+                print(line)
             since_ms, seconds, tokens = load_window
             print(f"store write load at {levels[-1]} streams (last round): "
                   f"{write_load(root / 'taskward.db', since_ms, seconds, tokens)}")
