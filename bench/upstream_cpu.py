@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.upstream import MODEL, round_of, through_taskward
+from bench.upstream import MODEL, pooled_client, round_of, through_taskward
 from tests.scheduler.processes import Children, run_command, run_json
 from tests.service.running import Runs, run_env
 
@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     args = parser.parse_args()
     upstream = StandIn(args.rate, args.slots)
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, pooled_client() as client:
         root = Path(scratch)
         children = Children(root / "logs")
         try:
@@ -159,7 +159,8 @@ def main() -> None:
                      f"http://127.0.0.1:{upstream.port}/v1", "--upstream-model", "smollm2",
                      "--max-concurrency", "8")
             running = Runs(children).start(env)
-            one = through_taskward(running.base_url, running.pair(), args.tokens)
+            one = through_taskward(running.base_url, running.pair(), args.tokens,
+                                   client)
             round_of(one, 1)  # warm-up: connections, the first claim
             sampler, started = Sampler(running.process.pid), time.perf_counter()
             for _ in range(args.rounds):

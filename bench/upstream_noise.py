@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.upstream import direct, round_of
+from bench.upstream import direct, pooled_client, round_of
 from tests.upstream.llama import LlamaServer
 
 
@@ -65,11 +65,11 @@ def main() -> None:
         return
     rates: dict[str, list[float]] = {"alone": [], "beside the burner": []}
     firsts: dict[str, list[float]] = {name: [] for name in rates}
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, pooled_client() as client:
         server = LlamaServer(Path(scratch) / "llama", parallel=4, threads=2,
                              ctx_size=4096).start()
         try:
-            one = direct(server, args.tokens)
+            one = direct(server, args.tokens, client)
             round_of(one, 1)  # warm-up: the prompt cache
             for _ in range(args.rounds):
                 for name in rates:
