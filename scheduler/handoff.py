@@ -3,8 +3,8 @@
 A runner watches an attempt while its engine runs (`scheduler.execute`): it flushes
 text on time, acts on flags, enforces the execution timeout and writes the outcome
 even when the engine hangs. An engine that returns within a few milliseconds needs
-none of that while it runs: nothing is due that early (the first flush comes
-`FIRST_FLUSH_MS` after the first text, the start's write a flush interval after the
+none of that while it runs: little is due that early (the first text's flush, which
+then waits at most until the hand-off, the start's write a flush interval after the
 load, the timeout after seconds), and the engine itself polls the flags. So a local
 attempt starts on an engine thread that runs the engine and then, once it returned,
 the attempt's stream as the runner would have (`scheduler.execute.execute_here`): no

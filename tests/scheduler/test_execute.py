@@ -80,7 +80,7 @@ def test_a_size_flush_is_not_held_back_while_chunks_trickle_in(
     task_id = new_task(db, model_id, input="words=10 delay=0.02")
     run_pass(db, settings)
     deltas = event_data(db, task_id, "response.output_text.delta")
-    # The first text goes alone after `FIRST_FLUSH_MS` (10 ms, before "w1 " comes).
+    # The first text goes alone after `FIRST_FLUSH_MS` (2 ms, before "w1 " comes).
     assert [d["delta"] for d in deltas] == ["w0 ", "w1 w2 ", "w3 w4 ", "w5 w6 ", "w7 w8 ",
                                             "w9 "]
 
