@@ -198,7 +198,7 @@ def pgqueuer(python: Path) -> Peer:
 class Taskward:
     """taskward on one store, through `taskward serve` / `sweeper` / `run`."""
 
-    def __init__(self, store: str, serve_workers: int = 1) -> None:
+    def __init__(self, store: str, serve_workers: int) -> None:
         self.store = store
         self.name = "taskward" if store == "postgresql" else "taskward-sqlite"
         self._serve_workers = serve_workers
@@ -352,7 +352,7 @@ class BareLitestar:
 
     name = "bare Litestar POST"
 
-    def __init__(self, serve_workers: int = 2) -> None:
+    def __init__(self, serve_workers: int) -> None:
         self._serve_workers = serve_workers
 
     def enqueue(self, producers: int, seconds: float, logs: Path) -> dict[str, Any]:

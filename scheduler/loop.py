@@ -118,7 +118,7 @@ class SweeperLoop:
                 continue
             self._first_claim.set()
             if started:
-                continue  # more may be due; with no free slot a claim costs nothing
+                continue  # more may be due; with no free slot of either kind, no statement
             if self._workers.caught_up():  # not merely out of free slots
                 self._caught_up.set()
             self._wake.wait(self._idle_wait)

@@ -80,7 +80,7 @@ class Workers:
         self._unwritten: set[str] = set()  # ... and its group not yet written
         # Per kind (upstream or not): whether its last claim with a free slot of that
         # kind filled every one, so that more of it may be due (set by `claim`).
-        self._backlog_of = {False: False, True: False}
+        self._backlog_of = dict.fromkeys(self._slots, False)
         self._freed_at = 0.0  # `time.monotonic` of the latest slot freed
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
