@@ -15,6 +15,9 @@ Direct and taskward rounds alternate; per level the best aggregate tokens/s and 
 time to the first text delta (from sending the request) of all rounds are printed, and
 for a level above the server's slots the p50s of the streams given a slot at once and
 of those it queued, apart (the level's p50 is the midpoint between the two groups).
+Per level, too, where the taskward side's streams spent their time to the first delta
+(`stage_line`: stored, claimed, first text written, at the client), from the client's
+clock and the task's row and log, so that the difference is not only a total.
 The store's write load at the highest level comes from the event log: events and
 write transactions (claims, flushes, completions) per generated token and per second.
 So does taskward's CPU time per generated token and per second (user + system of
@@ -41,7 +44,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, func, select
 
-from core.tables import task_events
+from core.tables import task_events, tasks
 from tests.scheduler.processes import Children, run_command, run_json
 from tests.service.running import Runs, run_env
 from tests.upstream.llama import LlamaServer
@@ -56,6 +59,8 @@ class Stream:
     first_delta_s: float
     seconds: float
     tokens: int
+    task_id: str | None = None  # through taskward: the task, from `response.created`
+    sent_at: float = 0.0  # `time.time()` as the request was sent, for `stage_line`
 
 
 def pooled_client() -> httpx.Client:
@@ -91,15 +96,16 @@ def direct(server: LlamaServer, tokens: int, client: httpx.Client) -> Callable[[
     return one
 
 
-def through_taskward(base_url: str, token: str, tokens: int,
-                     client: httpx.Client) -> Callable[[], Stream]:
+def through_taskward(base_url: str, token: str, tokens: int, client: httpx.Client,
+                     kept: list[Stream] | None = None) -> Callable[[], Stream]:
+    """One stream through `POST /v1/responses`; each is also appended to `kept`."""
     body = {"model": MODEL, "input": PROMPT, "temperature": 0, "max_output_tokens": tokens,
             "background": False, "stream": True}
     headers = {"Authorization": f"Bearer {token}"}
 
     def one() -> Stream:
-        start = time.perf_counter()
-        first, used, event = None, 0, ""
+        sent_at, start = time.time(), time.perf_counter()
+        first, used, event, task_id = None, 0, "", None
         with client.stream("POST", f"{base_url}/v1/responses", json=body,
                            headers=headers) as answer:
             for line in answer.iter_lines():
@@ -108,10 +114,15 @@ def through_taskward(base_url: str, token: str, tokens: int,
                 elif line.startswith("data: "):
                     if event == "response.output_text.delta" and first is None:
                         first = time.perf_counter()
+                    elif event == "response.created":
+                        task_id = json.loads(line[6:])["response"]["id"]
                     elif event == "response.completed":
                         used = json.loads(line[6:])["response"]["usage"]["output_tokens"]
         assert first is not None
-        return Stream(first - start, time.perf_counter() - start, used)
+        stream = Stream(first - start, time.perf_counter() - start, used, task_id, sent_at)
+        if kept is not None:
+            kept.append(stream)
+        return stream
 
     return one
 
@@ -159,6 +170,38 @@ def queued_line(level: int, parallel: int, firsts: dict[str, list[list[float]]])
             f"({ours_now - direct_now:+.0f}); of the {level - parallel} queued: direct "
             f"{direct_queued:.0f} ms, taskward {ours_queued:.0f} ms "
             f"({ours_queued - direct_queued:+.0f})")
+
+
+def stage_line(level: int, database: Path, streams: list[Stream],
+               direct_ttfts: list[float]) -> str:
+    """Where a level's streams through taskward spent their time to the first delta, from
+    the client's clock and the task's row and log (millisecond stamps, so each stage is
+    +-1 ms): the POST until the task is stored (`created_at`), until it is claimed
+    (`started_at`), until its first text is written (the first delta event's stamp, taken
+    as its flush begins; the upstream's own time to its first token lies inside, the
+    direct side's p50 is printed beside it), and from that write to the client."""
+    engine = create_engine(f"sqlite:///{database}")
+    stages: dict[str, list[float]] = {name: [] for name in (
+        "sent -> stored", "stored -> claimed", "claimed -> first text written",
+        "written -> client")}
+    with engine.connect() as conn:
+        for stream in streams:
+            stored_ms, claimed_ms = conn.execute(
+                select(tasks.c.created_at, tasks.c.started_at)
+                .where(tasks.c.id == stream.task_id)).one()
+            written_ms = conn.execute(
+                select(func.min(task_events.c.created_at))
+                .where(task_events.c.task_id == stream.task_id,
+                       task_events.c.type == "response.output_text.delta")).scalar_one()
+            marks = [stream.sent_at * 1000, stored_ms, claimed_ms, written_ms,
+                     (stream.sent_at + stream.first_delta_s) * 1000]
+            for name, before, after in zip(stages, marks, marks[1:], strict=False):
+                stages[name].append(after - before)
+    engine.dispose()
+    parts = ", ".join(f"{name} {statistics.median(values):.1f}"
+                      for name, values in stages.items())
+    return (f"{level} streams through taskward, p50 ms: {parts} (direct first delta p50 "
+            f"{statistics.median(direct_ttfts) * 1000:.0f})")
 
 
 def write_load(database: Path, since_ms: int, seconds: float, tokens: int) -> str:
@@ -238,9 +281,10 @@ def main() -> None:
             if args.nice:
                 renice(running.process.pid, args.nice)
             token = running.pair()
+            kept: list[Stream] = []  # the taskward side's streams of the current level
             sides = {"direct": direct(server, args.tokens, clients["direct"]),
                      "taskward": through_taskward(running.base_url, token, args.tokens,
-                                                  clients["taskward"])}
+                                                  clients["taskward"], kept)}
             for one in sides.values():
                 round_of(one, 1)  # warm-up: prompt cache, connections, the first claim
             print("| concurrency | direct tokens/s | taskward tokens/s | ratio | "
@@ -248,7 +292,9 @@ def main() -> None:
             print("|---|---|---|---|---|---|---|")
             cpu, cpu_tokens, cpu_wall = 0.0, 0, 0.0
             queued_lines: list[str] = []
+            stage_lines: list[str] = []
             for level in levels:
+                kept.clear()
                 best = {name: 0.0 for name in sides}
                 firsts: dict[str, list[list[float]]] = {name: [] for name in sides}
                 for _ in range(args.rounds):
@@ -272,7 +318,9 @@ def main() -> None:
                       f"{p50['taskward']:.0f} | {p50['taskward'] - p50['direct']:+.0f} |")
                 if level > args.parallel:
                     queued_lines.append(queued_line(level, args.parallel, firsts))
-            for line in queued_lines:
+                stage_lines.append(stage_line(level, root / "taskward.db", kept,
+                                              [v for ttfts in firsts["direct"] for v in ttfts]))
+            for line in queued_lines + stage_lines:
                 print(line)
             since_ms, seconds, tokens = load_window
             print(f"store write load at {levels[-1]} streams (last round): "
