@@ -17,7 +17,10 @@ for a level above the server's slots the p50s of the streams given a slot at onc
 of those it queued, apart (the level's p50 is the midpoint between the two groups).
 Per level, too, where the taskward side's streams spent their time to the first delta
 (`stage_line`: stored, claimed, first text written, at the client), from the client's
-clock and the task's row and log, so that the difference is not only a total.
+clock and the task's row and log, so that the difference is not only a total; and
+llama-server's own decode time per token while it served each side (its log's
+`eval time` of each request): how much the server itself slowed beside taskward's
+processes, apart from what taskward's path adds.
 The store's write load at the highest level comes from the event log: events and
 write transactions (claims, flushes, completions) per generated token and per second.
 So does taskward's CPU time per generated token and per second (user + system of
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import tempfile
 import threading
@@ -172,6 +176,39 @@ def queued_line(level: int, parallel: int, firsts: dict[str, list[list[float]]])
             f"({ours_queued - direct_queued:+.0f})")
 
 
+# llama-server's own timing of a request's generation, printed as the request ends
+# ("... |        eval time =  3120.52 ms /   128 tokens (...)"; the prompt's line before
+# it says "prompt eval time").
+_DECODE_TIMING = re.compile(rb"\|\s+eval time =\s+([\d.]+) ms /\s+(\d+) tokens")
+
+
+def decode_ms_per_token(log: Path, start: int, expected: int) -> tuple[list[float], int]:
+    """The server's own milliseconds per generated token of each request it finished
+    after byte `start` of its log (waiting a moment for `expected` of them: a request's
+    line may come just after its stream ended), and where the lines read end. A slot's
+    decode slows when another process takes one of the cores its threads compute on, so
+    a side whose figure is higher cost the server time, whatever its own path adds."""
+    deadline = time.monotonic() + 2
+    while True:
+        with log.open("rb") as file:
+            file.seek(start)
+            written = file.read()
+        written = written[:written.rfind(b"\n") + 1]  # whole lines only
+        found = _DECODE_TIMING.findall(written)
+        if len(found) >= expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    timings = [float(ms) / int(tokens) for ms, tokens in found if int(tokens)]
+    return timings, start + len(written)
+
+
+def decode_line(level: int, decode: dict[str, list[float]]) -> str:
+    p50 = {name: statistics.median(values) for name, values in decode.items()}
+    return (f"{level} streams, llama-server's own decode (p50 of its requests' "
+            f"`eval time`): direct {p50['direct']:.1f} ms per token, while serving taskward "
+            f"{p50['taskward']:.1f} ({p50['taskward'] / p50['direct'] - 1:+.0%})")
+
+
 def stage_line(level: int, database: Path, streams: list[Stream],
                direct_ttfts: list[float]) -> str:
     """Where a level's streams through taskward spent their time to the first delta, from
@@ -293,8 +330,11 @@ def main() -> None:
             cpu, cpu_tokens, cpu_wall = 0.0, 0, 0.0
             queued_lines: list[str] = []
             stage_lines: list[str] = []
+            decode_lines: list[str] = []
+            _, log_at = decode_ms_per_token(server.log_path, 0, len(sides))  # the warm-ups
             for level in levels:
                 kept.clear()
+                decode: dict[str, list[float]] = {name: [] for name in sides}
                 best = {name: 0.0 for name in sides}
                 firsts: dict[str, list[list[float]]] = {name: [] for name in sides}
                 for _ in range(args.rounds):
@@ -303,6 +343,8 @@ def main() -> None:
                             since_ms, started = int(time.time() * 1000), time.perf_counter()
                             cpu_before = cpu_seconds(running.process.pid)
                         rate, ttfts = round_of(one, level)
+                        timings, log_at = decode_ms_per_token(server.log_path, log_at, level)
+                        decode[name] += timings
                         best[name] = max(best[name], rate)
                         firsts[name].append(ttfts)
                         if name == "taskward" and level == levels[-1]:
@@ -320,7 +362,8 @@ def main() -> None:
                     queued_lines.append(queued_line(level, args.parallel, firsts))
                 stage_lines.append(stage_line(level, root / "taskward.db", kept,
                                               [v for ttfts in firsts["direct"] for v in ttfts]))
-            for line in queued_lines + stage_lines:
+                decode_lines.append(decode_line(level, decode))
+            for line in queued_lines + stage_lines + decode_lines:
                 print(line)
             since_ms, seconds, tokens = load_window
             print(f"store write load at {levels[-1]} streams (last round): "

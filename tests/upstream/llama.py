@@ -49,10 +49,15 @@ class LlamaServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    @property
+    def log_path(self) -> Path:
+        """The server's output: its requests' own timings among it (`print_timing`)."""
+        return self.log_dir / f"llama-server-{self.port}.log"
+
     def start(self) -> LlamaServer:
         self.port = self.port or free_port()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = (self.log_dir / f"llama-server-{self.port}.log").open("wb")
+        log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             [llama_server_binary(), "-m", str(default_model_source()), "--host", "127.0.0.1",
              "--port", str(self.port), "--ctx-size", str(self.ctx_size),
