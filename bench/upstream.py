@@ -15,9 +15,12 @@ Direct and taskward rounds alternate; per level the best aggregate tokens/s and 
 time to the first text delta (from sending the request) of all rounds are printed, and
 for a level above the server's slots the p50s of the streams given a slot at once and
 of those it queued, apart (the level's p50 is the midpoint between the two groups).
-Per level, too, where the taskward side's streams spent their time to the first delta
-(`stage_line`: stored, claimed, first text written, at the client), from the client's
-clock and the task's row and log, so that the difference is not only a total; and
+Per level, too, the ratio of each taskward round over the direct round before it
+(`pair_line`: the server's decode speed swings from round to round, so the best
+rounds may come from different minutes); where the taskward side's streams spent
+their time to the first delta (`stage_line`: stored, claimed, first text written, at
+the client), from the client's clock and the task's row and log, so that the
+difference is not only a total; and
 llama-server's own decode time per token while it served each side (its log's
 `eval time` of each request): how much the server itself slowed beside taskward's
 processes, apart from what taskward's path adds.
@@ -156,6 +159,19 @@ def round_of(one: Callable[[], Stream], concurrency: int) -> tuple[float, list[f
     wall = time.perf_counter() - start
     assert not failures, f"{len(failures)} stream(s) failed: {failures[0]!r}"
     return sum(r.tokens for r in results) / wall, [r.first_delta_s for r in results]
+
+
+def pair_line(level: int, rates: dict[str, list[float]]) -> str:
+    """The tokens/s ratio of each round through taskward over the direct round just
+    before it: the server's decode speed swings from round to round on shared cores
+    (docs/benchmarks.md, "Why the ratio at four streams moves"), and the table's best round
+    of each side takes whichever side drew the faster rounds; neighbouring rounds
+    share more of the machine's state."""
+    ratios = [ours / theirs for theirs, ours in zip(rates["direct"], rates["taskward"],
+                                                   strict=True)]
+    return (f"{level} streams, tokens/s ratio of each round through taskward over the "
+            f"direct round before it: {', '.join(f'{r:.2f}' for r in ratios)} "
+            f"(median {statistics.median(ratios):.2f})")
 
 
 def queued_line(level: int, parallel: int, firsts: dict[str, list[list[float]]]) -> str:
@@ -330,12 +346,14 @@ def main() -> None:
             cpu, cpu_tokens, cpu_wall = 0.0, 0, 0.0
             queued_lines: list[str] = []
             stage_lines: list[str] = []
+            pair_lines: list[str] = []
             decode_lines: list[str] = []
             _, log_at = decode_ms_per_token(server.log_path, 0, len(sides))  # the warm-ups
             for level in levels:
                 kept.clear()
                 decode: dict[str, list[float]] = {name: [] for name in sides}
                 best = {name: 0.0 for name in sides}
+                rates: dict[str, list[float]] = {name: [] for name in sides}
                 firsts: dict[str, list[list[float]]] = {name: [] for name in sides}
                 for _ in range(args.rounds):
                     for name, one in sides.items():
@@ -346,6 +364,7 @@ def main() -> None:
                         timings, log_at = decode_ms_per_token(server.log_path, log_at, level)
                         decode[name] += timings
                         best[name] = max(best[name], rate)
+                        rates[name].append(rate)
                         firsts[name].append(ttfts)
                         if name == "taskward" and level == levels[-1]:
                             load_window = (since_ms, time.perf_counter() - started,
@@ -358,12 +377,13 @@ def main() -> None:
                 print(f"| {level} | {best['direct']:.0f} | {best['taskward']:.0f} | "
                       f"{best['taskward'] / best['direct']:.2f} | {p50['direct']:.0f} | "
                       f"{p50['taskward']:.0f} | {p50['taskward'] - p50['direct']:+.0f} |")
+                pair_lines.append(pair_line(level, rates))
                 if level > args.parallel:
                     queued_lines.append(queued_line(level, args.parallel, firsts))
                 stage_lines.append(stage_line(level, root / "taskward.db", kept,
                                               [v for ttfts in firsts["direct"] for v in ttfts]))
                 decode_lines.append(decode_line(level, decode))
-            for line in queued_lines + stage_lines + decode_lines:
+            for line in pair_lines + queued_lines + stage_lines + decode_lines:
                 print(line)
             since_ms, seconds, tokens = load_window
             print(f"store write load at {levels[-1]} streams (last round): "
