@@ -352,7 +352,6 @@ def main() -> None:
             for level in levels:
                 kept.clear()
                 decode: dict[str, list[float]] = {name: [] for name in sides}
-                best = {name: 0.0 for name in sides}
                 rates: dict[str, list[float]] = {name: [] for name in sides}
                 firsts: dict[str, list[list[float]]] = {name: [] for name in sides}
                 for _ in range(args.rounds):
@@ -363,7 +362,6 @@ def main() -> None:
                         rate, ttfts = round_of(one, level)
                         timings, log_at = decode_ms_per_token(server.log_path, log_at, level)
                         decode[name] += timings
-                        best[name] = max(best[name], rate)
                         rates[name].append(rate)
                         firsts[name].append(ttfts)
                         if name == "taskward" and level == levels[-1]:
@@ -372,6 +370,7 @@ def main() -> None:
                             cpu += cpu_seconds(running.process.pid) - cpu_before
                             cpu_tokens += load_window[2]
                             cpu_wall += load_window[1]
+                best = {name: max(values) for name, values in rates.items()}
                 p50 = {name: statistics.median(v for ttfts in rounds for v in ttfts) * 1000
                        for name, rounds in firsts.items()}
                 print(f"| {level} | {best['direct']:.0f} | {best['taskward']:.0f} | "
