@@ -295,14 +295,18 @@ def cpu_seconds(group: int) -> float:
     return sum(int(fields[11]) + int(fields[12]) for _, fields in _group_stats(group)) / tick
 
 
-def renice(group: int, niceness: int) -> None:
-    """Every thread of process group `group` at `niceness`. Linux keeps a niceness per
-    thread and a new thread takes its creator's, so threads started later (an attempt's
-    engine thread) inherit it."""
+def deprioritise(group: int, *, niceness: int, idle: bool) -> None:
+    """Every thread of process group `group` at `niceness`, or under `SCHED_IDLE` (run
+    only on a core nothing else wants, and never preempting what runs there). Linux
+    keeps both per thread and a new thread takes its creator's, so threads started
+    later (an attempt's engine thread) inherit them."""
     for folder, _ in _group_stats(group):
         for thread in (folder / "task").iterdir():
             try:
-                os.setpriority(os.PRIO_PROCESS, int(thread.name), niceness)
+                if idle:
+                    os.sched_setscheduler(int(thread.name), os.SCHED_IDLE, os.sched_param(0))
+                else:
+                    os.setpriority(os.PRIO_PROCESS, int(thread.name), niceness)
             except ProcessLookupError:  # ended while we looked
                 continue
 
@@ -316,6 +320,8 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--nice", type=int, default=0,
                         help="run taskward at this niceness (0: as the bench and the server)")
+    parser.add_argument("--idle", action="store_true",
+                        help="run taskward under SCHED_IDLE: only on cores the server leaves idle")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
     print(f"load average before: {os.getloadavg()}")
@@ -331,8 +337,8 @@ def main() -> None:
             run_json(env, "models", "add-upstream", MODEL, "--base-url", server.base_url,
                      "--upstream-model", "smollm2", "--max-concurrency", "8")
             running = Runs(children).start(env)
-            if args.nice:
-                renice(running.process.pid, args.nice)
+            if args.nice or args.idle:
+                deprioritise(running.process.pid, niceness=args.nice, idle=args.idle)
             token = running.pair()
             kept: list[Stream] = []  # the taskward side's streams of the current level
             sides = {"direct": direct(server, args.tokens, clients["direct"]),
