@@ -2,8 +2,8 @@
 one run.
 
 Run from the repository root: `.venv/bin/python -m bench.upstream` (options: `--levels
-1,4,8`, `--tokens 128`, `--rounds 2`, `--threads 2`, `--parallel 4`, `--nice 0`). About 2 minutes
-on 2 shared cores.
+1,4,8`, `--tokens 128`, `--rounds 2`, `--threads 2`, `--parallel 4`, `--nice 0`,
+`--idle`). About 2 minutes on 2 shared cores.
 
 One `llama-server --parallel 4` (the default SmolLM2 model, greedy) serves both sides.
 At each concurrency level, a round sends that many streaming requests at once:
