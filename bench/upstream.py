@@ -318,10 +318,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parallel", type=int, default=4)
-    parser.add_argument("--nice", type=int, default=0,
-                        help="run taskward at this niceness (0: as the bench and the server)")
-    parser.add_argument("--idle", action="store_true",
-                        help="run taskward under SCHED_IDLE: only on cores the server leaves idle")
+    priority = parser.add_mutually_exclusive_group()  # SCHED_IDLE has no niceness
+    priority.add_argument("--nice", type=int, default=0,
+                          help="run taskward at this niceness (0: as the bench and the server)")
+    priority.add_argument("--idle", action="store_true",
+                          help="run taskward under SCHED_IDLE: on cores the server leaves idle")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
     print(f"load average before: {os.getloadavg()}")
