@@ -27,7 +27,6 @@ CPU the burner did get, a second of the round.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -35,22 +34,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.upstream import cpu_seconds, direct, pooled_client, round_of
+from bench.upstream import cpu_seconds, deprioritise, direct, pooled_client, round_of
 from tests.upstream.llama import LlamaServer
 
 
-def burn(share: float, wakeups: int, niceness: int, idle: bool, touch_mib: int) -> None:
-    """Spend `share` of a core, in `wakeups` bursts a second, at `niceness` or under
-    `SCHED_IDLE`, until killed; with `touch_mib`, writing its way round a buffer that
-    large while it spins, to take the caches from the server as well as the CPU.
+def burn(share: float, wakeups: int, touch_mib: int) -> None:
+    """Spend `share` of a core, in `wakeups` bursts a second, until killed; with
+    `touch_mib`, writing its way round a buffer that large while it spins, to take the
+    caches from the server as well as the CPU. Its niceness or `SCHED_IDLE` is set from
+    outside, by `deprioritise`, as `bench.upstream` sets taskward's.
 
     Each burst spins for its share of CPU time (not of wall time), as a process with a
     fixed cost per token does: preempted, it takes longer rather than spending less.
     """
-    if idle:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    else:
-        os.nice(niceness)
     buffer = memoryview(bytearray(touch_mib << 20))
     piece = bytes(64 << 10)
     offset = 0
@@ -83,7 +79,7 @@ def main() -> None:
     parser.add_argument("--burn", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.burn:
-        burn(args.share, args.wakeups, args.nice, args.idle, args.touch)
+        burn(args.share, args.wakeups, args.touch)
         return
     rates: dict[str, list[float]] = {"alone": [], "beside the burner": []}
     firsts: dict[str, list[float]] = {name: [] for name in rates}
@@ -99,11 +95,10 @@ def main() -> None:
                     burner = None if name == "alone" else subprocess.Popen(
                         [sys.executable, "-m", "bench.upstream_noise", "--burn",
                          "--share", str(args.share), "--wakeups", str(args.wakeups),
-                         "--touch", str(args.touch),
-                         *(["--idle"] if args.idle else ["--nice", str(args.nice)])],
-                        process_group=0)
+                         "--touch", str(args.touch)], process_group=0)
                     try:
                         if burner is not None:
+                            deprioritise(burner.pid, niceness=args.nice, idle=args.idle)
                             time.sleep(0.2)  # past the interpreter's start
                             began, burned_before = time.perf_counter(), cpu_seconds(burner.pid)
                         rate, ttfts = round_of(one, args.concurrency)
