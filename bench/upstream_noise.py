@@ -1,4 +1,4 @@
-"""How much a saturated llama-server on this box loses to another process's CPU alone.
+"""How much a saturated llama-server on this box loses to another process beside it.
 
 Run from the repository root: `.venv/bin/python -m bench.upstream_noise` (options:
 `--share 0.12`, `--wakeups 1000`, `--touch 0`, `--nice 0` or `--idle`,
