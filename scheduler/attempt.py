@@ -42,6 +42,8 @@ class StopReason(StrEnum):
 
 
 WAKE = object()  # an inbox item that carries nothing but "look at the flags"
+RENEWAL_TICK_MS = 50  # how often a runner looks while its lease's renewal is overdue
+LONGEST_SLEEP_MS = 1000  # a runner with nothing due looks at its times at least this often
 
 
 class Attempt:
@@ -94,6 +96,16 @@ class Attempt:
     @property
     def lease_ends_ms(self) -> int:
         return self.renewed_at_ms + self.lease_ms
+
+    def ms_until_timed_stop(self, now: int) -> int:
+        """How long until `stop_reason` could change with no flag raised: at the deadline,
+        or at the lease's end (a lapse); past the lease's end with a renewal still under
+        way, whose outcome raises no flag either, every `RENEWAL_TICK_MS`. Never more
+        than `LONGEST_SLEEP_MS`: the times are the wall clock's, which may jump."""
+        until_lease_end = self.lease_ends_ms - now
+        if until_lease_end <= 0:
+            until_lease_end = RENEWAL_TICK_MS
+        return max(0, min(self.deadline_ms - now, until_lease_end, LONGEST_SLEEP_MS))
 
     def renewing(self, now_ms: int) -> None:
         """The lease keeper starts a renewal (it may hang: the store unreachable)."""

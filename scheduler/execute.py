@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 INVALID_REQUEST = "invalid_request"
 ENGINE_ERROR = "engine_error"
 TIMEOUT = "timeout"
-_TICK_MS = 50  # longest the runner sleeps without looking at its flags, unless text is pending
 
 
 @dataclass(frozen=True)
@@ -264,13 +263,14 @@ def _follow(
     clock = db.clock
     while True:
         now = clock.now_ms()
-        # While text is pending its flush is due within one interval anyway, and every
-        # flag, the engine's end and a full flush wake the runner (scheduler/inbox.py):
-        # no tick in between. A hung engine sends no text, so the tick is back by then.
-        room = output.room_bytes()
-        tick = _TICK_MS if room is None else settings.flush_interval_ms
-        wait_ms = min(tick, max(0, attempt.deadline_ms - now), writes.ms_until_due(now))
-        items = attempt.inbox.take(wait_ms / 1000, room_bytes=room)
+        # Every flag, the engine's end, a chunk while no text is pending and a full flush
+        # wake the runner (scheduler/inbox.py); what else stops or writes comes with
+        # time: the deadline, the lease's end (the lapse is timed: `Attempt`), the
+        # pending flush or start. So a runner sleeps until then and no longer looks in
+        # between: an attempt whose upstream has queued it, or whose engine hangs,
+        # costs no wake-ups while it waits.
+        wait_ms = min(attempt.ms_until_timed_stop(now), writes.ms_until_due(now))
+        items = attempt.inbox.take(wait_ms / 1000, room_bytes=output.room_bytes())
         for index, item in enumerate(items or (WAKE,)):
             reason = attempt.stop_reason()
             # An engine that finished on its own completes even if a flag was raised
@@ -321,9 +321,10 @@ class _Writes:
         if not self._running:
             self._start_by_ms = start_by_ms
 
-    def ms_until_due(self, now: int) -> int:
+    def ms_until_due(self, now: int) -> float:
+        """How long until a pending flush or start is due (infinite: none is pending)."""
         due = [d for d in (self._output.ms_until_due(now), self._start_wait(now)) if d is not None]
-        return min(due, default=_TICK_MS)
+        return min(due, default=float("inf"))
 
     def _start_wait(self, now: int) -> int | None:
         if self._running or self._start_by_ms is None:

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +168,46 @@ def test_a_stop_ends_the_request_and_nothing_is_emitted_after_it(
     assert 0 < len(emitted) < 40
     assert server.closed.wait(2)  # the connection was closed, not read to its end
     assert time.monotonic() - started < 0.15 + 0.3 + 0.5
+
+
+def test_a_stop_while_the_upstream_is_silent_ends_the_request_at_once(
+    scripted: Callable[..., Scripted]
+) -> None:
+    """The transport's watch sees the stop (the engine thread itself looks only once a
+    second, in case that loop is stuck)."""
+    server = scripted([delta("One"), delta(" two", "stop"), USAGE, b"data: [DONE]\n\n"],
+                      pause=5)
+    stop_at = time.monotonic() + 0.3
+    started = time.monotonic()
+    _, emitted, late = generated(server, emit=True,
+                                 should_stop=lambda: time.monotonic() >= stop_at)
+    assert [chunk.text for chunk, _ in emitted] == ["One"] and late == []
+    assert time.monotonic() - started < 0.3 + 0.3 + 0.4  # stop, the watch's tick, slack
+
+
+def _voluntary_switches(native_id: int) -> int:
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_the_engine_thread_sleeps_while_the_upstream_is_silent(
+    scripted: Callable[..., Scripted]
+) -> None:
+    """Four reads a second apart: the thread that called `generate` wakes for the end,
+    not 20 times a second to look for a stop (it did, ~60 times here)."""
+    server = scripted([delta("One"), delta(" two"), delta("", "stop"), USAGE,
+                       b"data: [DONE]\n\n"], pause=0.8)
+    entry = UpstreamModel("m", (server.base_url,), "smollm2", None, 8, 10)
+    loaded = OpenAIEngine(EngineOptions(), Router()).load(entry)
+    switches: list[int] = []
+
+    def run() -> None:
+        me = threading.get_native_id()
+        before = _voluntary_switches(me)
+        list(loaded.generate(REQUEST, None, lambda: False, lambda chunk: None))
+        switches.append(_voluntary_switches(me) - before)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    assert switches and switches[0] <= 12, f"the engine thread woke {switches} times"

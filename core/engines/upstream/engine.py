@@ -13,7 +13,10 @@ far (all attempts of the task), the tokens it took, and the original prompt's si
 Each network read becomes its chunk on the transport's loop thread (`_Relay`), which
 hands it straight to the attempt's inbox (`emit`): the engine thread is not woken per
 read only to parse and forward, it waits for what ends the request (the end, a
-status, an error, a stop) and decides what follows (fail over, or finish).
+status, an error, a stop) and decides what follows (fail over, or finish). A stop is
+seen by the relay after a read, or while the upstream is silent by the transport's
+one watch timer (`transport.WATCH_SECONDS`), so the engine thread sleeps through a
+request that waits in the upstream's queue instead of waking to look.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from core.engines.upstream.routing import ROUTER, Router
 
 NAME = "openai"
 SNAPSHOT_VERSION = 1
-_POLL_SECONDS = 0.05  # how often a silent stream looks at `should_stop`
+# How often the engine thread looks at `should_stop` itself: only in case the transport's
+# loop cannot (it is stuck); the relay and the loop's watch see a stop far sooner.
+_SAFETY_POLL_SECONDS = 1.0
 _CONNECT_SECONDS = 10.0
 
 
@@ -128,7 +133,7 @@ class _Read:
         return (progress.chunk(text) if text or counted else None), error
 
 
-_STOPPED = object()  # the relay found `should_stop` true after a read
+_STOPPED = object()  # the relay found `should_stop` true (after a read, or watching)
 
 
 class _Relay:
@@ -161,6 +166,14 @@ class _Relay:
             if error is not None or self._should_stop():
                 self._closed = True
                 self._control.put(_STOPPED if error is None else error)
+
+    def watch(self) -> None:
+        """The transport's timer, between reads: a stop asked for while the upstream
+        sends nothing ends the request too."""
+        with self._lock:
+            if not self._closed and self._should_stop():
+                self._closed = True
+                self._control.put(_STOPPED)
 
     def close(self) -> None:
         with self._lock:
@@ -263,11 +276,12 @@ class UpstreamLoaded:
         seconds = self._entry.timeout_seconds
         timeout = httpx.Timeout(seconds, connect=min(seconds, _CONNECT_SECONDS))
         stream = transport.open_stream(f"{url}/chat/completions", body, headers, timeout, relay,
-                                       max_connections=self._options.upstream_concurrency)
+                                       max_connections=self._options.upstream_concurrency,
+                                       watch=relay.watch)
         try:
             while True:
                 try:
-                    item = control.get(timeout=_POLL_SECONDS)
+                    item = control.get(timeout=_SAFETY_POLL_SECONDS)
                 except queue.Empty:
                     if should_stop():
                         return
