@@ -3,7 +3,12 @@ one run.
 
 Run from the repository root: `.venv/bin/python -m bench.upstream` (options: `--levels
 1,4,8`, `--tokens 128`, `--rounds 2`, `--threads 2`, `--parallel 4`, `--nice 0`,
-`--idle`). About 2 minutes on 2 shared cores.
+`--idle`, `--server-cores N`). About 2 minutes on 2 shared cores.
+
+`--server-cores N` gives llama-server N cores of its own (and N threads), and the bench
+and taskward the others: the server as on a machine of its own, which is where a
+deployment runs it, so that what taskward's path costs a stream is measured apart from
+what sharing the server's cores costs the server.
 
 One `llama-server --parallel 4` (the default SmolLM2 model, greedy) serves both sides.
 At each concurrency level, a round sends that many streaming requests at once:
@@ -323,13 +328,26 @@ def main() -> None:
                           help="run taskward at this niceness (0: as the bench and the server)")
     priority.add_argument("--idle", action="store_true",
                           help="run taskward under SCHED_IDLE: on cores the server leaves idle")
+    parser.add_argument("--server-cores", type=int, default=0,
+                        help="pin llama-server (with as many threads) to this many cores of "
+                             "its own, the bench and taskward to the others")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
+    cores = sorted(os.sched_getaffinity(0))
+    if not 0 <= args.server_cores < len(cores):
+        parser.error(f"--server-cores must leave at least one of the {len(cores)} cores")
+    threads = args.server_cores or args.threads
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        server = LlamaServer(root / "llama", parallel=args.parallel, threads=args.threads,
+        if args.server_cores:  # the server is started pinned: its threads inherit it
+            os.sched_setaffinity(0, cores[-args.server_cores:])
+        server = LlamaServer(root / "llama", parallel=args.parallel, threads=threads,
                              ctx_size=1024 * args.parallel).start()
+        if args.server_cores:  # and so are taskward's processes, started below
+            os.sched_setaffinity(0, cores[:-args.server_cores])
+            print(f"llama-server on cores {cores[-args.server_cores:]} with {threads} "
+                  f"thread(s); the bench and taskward on {cores[:-args.server_cores]}")
         children = Children(root / "logs")
         clients = {name: pooled_client() for name in ("direct", "taskward")}
         try:
