@@ -3,8 +3,8 @@ the flags other threads raise to stop it.
 
 The runner thread owns the attempt; the lease keeper raises `cancel` or `lost`, the
 worker pool raises `hand_back` at shutdown, and the engine polls `should_stop`. Every
-flag also drops a wake-up into the runner's inbox, so the runner reacts within one
-tick instead of waiting for the engine's next chunk.
+flag also drops a wake-up into the runner's inbox, so the runner reacts at once
+instead of waiting for the engine's next chunk.
 
 An attempt also fences itself: once its lease has run out while renewals fail or hang
 (the store unreachable, say), it counts as lost, whichever thread notices first,

@@ -2,7 +2,7 @@
 
 The runner thread calling `execute` never blocks on the engine: loading and generation
 run on an engine thread that feeds the attempt's inbox, so flushes happen on time,
-stop flags are seen within one tick and the execution timeout holds even when an engine
+stop flags are seen at once and the execution timeout holds even when an engine
 hangs. `execute_here` runs the engine on the calling thread first and streams after it,
 for engines that return at once; one still running after a few milliseconds gets a
 runner as `execute` gives it (`scheduler.handoff`). Every write is fenced by the store:
@@ -266,9 +266,9 @@ def _follow(
         # Every flag, the engine's end, a chunk while no text is pending and a full flush
         # wake the runner (scheduler/inbox.py); what else stops or writes comes with
         # time: the deadline, the lease's end (the lapse is timed: `Attempt`), the
-        # pending flush or start. So a runner sleeps until then and no longer looks in
-        # between: an attempt whose upstream has queued it, or whose engine hangs,
-        # costs no wake-ups while it waits.
+        # pending flush or start. So a runner sleeps until then (looking once a second
+        # at most) instead of on a tick: an attempt whose upstream has queued it, or
+        # whose engine hangs, costs almost no wake-ups while it waits.
         wait_ms = min(attempt.ms_until_timed_stop(now), writes.ms_until_due(now))
         items = attempt.inbox.take(wait_ms / 1000, room_bytes=output.room_bytes())
         for index, item in enumerate(items or (WAKE,)):

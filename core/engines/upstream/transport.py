@@ -89,11 +89,11 @@ class _Transport:
         self._watches.pop(key, None)
 
     def _call_watches(self) -> None:
-        self._watching = None
+        # The next tick is set first: a watch that raised must not end the others'.
+        self._watching = (self.loop.call_later(WATCH_SECONDS, self._call_watches)
+                          if self._watches else None)
         for watch in list(self._watches.values()):
             watch()
-        if self._watches:
-            self._watching = self.loop.call_later(WATCH_SECONDS, self._call_watches)
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
