@@ -193,8 +193,9 @@ def _voluntary_switches(native_id: int) -> int:
 def test_the_engine_thread_sleeps_while_the_upstream_is_silent(
     scripted: Callable[..., Scripted]
 ) -> None:
-    """Four reads a second apart: the thread that called `generate` wakes for the end,
-    not 20 times a second to look for a stop (it did, ~60 times here)."""
+    """Five reads 0.8 s apart: the thread that called `generate` wakes for the end (and
+    its safety poll once a second), not 20 times a second to look for a stop (it did,
+    ~70 times here)."""
     server = scripted([delta("One"), delta(" two"), delta("", "stop"), USAGE,
                        b"data: [DONE]\n\n"], pause=0.8)
     entry = UpstreamModel("m", (server.base_url,), "smollm2", None, 8, 10)
