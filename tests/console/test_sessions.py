@@ -5,11 +5,11 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from core.clients import IssuedToken
-from core.clock import Clock
 from core.store.console_sessions import log_in, session_of
 from core.store.database import Database
 from core.store.retention import remove_expired
 from core.tables import console_sessions
+from tests.clocks import HandClock
 
 HOUR_MS = 3_600_000
 
@@ -36,18 +36,8 @@ def test_the_store_keeps_only_a_hash_of_the_session_secret(db: Database,
     assert admin.token not in tuple(str(value) for value in stored)
 
 
-class At(Clock):
-    """A clock the test sets by hand."""
-
-    def __init__(self, ms: int) -> None:
-        self.ms = ms
-
-    def now_ms(self) -> int:
-        return self.ms
-
-
 def test_retention_removes_expired_sessions_only(db: Database, admin: IssuedToken) -> None:
-    clock = At(1_800_000_000_000)
+    clock = HandClock(1_800_000_000_000)
     db.clock = clock
     log_in(db, admin.token, ttl_ms=HOUR_MS)
     kept = log_in(db, admin.token, ttl_ms=3 * HOUR_MS)

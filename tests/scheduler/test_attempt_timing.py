@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from core.clock import Clock
 from core.engines.base import Usage
 from core.settings import Settings
 from core.store import claims
@@ -14,35 +13,28 @@ from core.store.claims import Claim
 from core.store.database import Database
 from scheduler.attempt import LONGEST_SLEEP_MS, RENEWAL_TICK_MS, Attempt, Outcome
 from scheduler.execute import execute
+from tests.clocks import HandClock
 from tests.store.helpers import new_task
 
 
-class _At(Clock):
-    def __init__(self, ms: int) -> None:
-        self.ms = ms
-
-    def now_ms(self) -> int:
-        return self.ms
-
-
-def _attempt(clock: _At, *, timeout_ms: int = 600_000, lease_ms: int = 30_000) -> Attempt:
+def _attempt(clock: HandClock, *, timeout_ms: int = 600_000, lease_ms: int = 30_000) -> Attempt:
     claim = Claim("resp_x", "owner", 1, False, "m", "{}", None, "", Usage())
     return Attempt(claim, clock=clock, timeout_ms=timeout_ms, lease_ms=lease_ms)
 
 
 def test_a_runner_with_nothing_due_waits_until_the_lease_end_or_the_deadline() -> None:
-    clock = _At(1_000_000)
+    clock = HandClock(1_000_000)
     assert _attempt(clock, timeout_ms=400, lease_ms=30_000).ms_until_timed_stop(clock.ms) == 400
     assert _attempt(clock, lease_ms=700).ms_until_timed_stop(clock.ms) == 700
 
 
 def test_a_long_wait_is_cut_to_the_longest_sleep() -> None:
-    clock = _At(1_000_000)
+    clock = HandClock(1_000_000)
     assert _attempt(clock).ms_until_timed_stop(clock.ms) == LONGEST_SLEEP_MS
 
 
 def test_past_the_lease_end_with_a_renewal_overdue_the_runner_looks_every_tick() -> None:
-    clock = _At(1_000_000)
+    clock = HandClock(1_000_000)
     attempt = _attempt(clock, lease_ms=500)
     attempt.renewing(clock.ms + 100)  # under way, not answered: no flag will come
     clock.ms += 600
@@ -50,7 +42,7 @@ def test_past_the_lease_end_with_a_renewal_overdue_the_runner_looks_every_tick()
 
 
 def test_a_deadline_already_past_is_due_at_once() -> None:
-    clock = _At(1_000_000)
+    clock = HandClock(1_000_000)
     attempt = _attempt(clock, timeout_ms=100)
     clock.ms += 250
     assert attempt.ms_until_timed_stop(clock.ms) == 0

@@ -12,7 +12,6 @@ from typing import cast
 
 import pytest
 
-from core.clock import Clock
 from core.errors import LeaseLost
 from core.settings import Settings
 from core.store import worker_writes
@@ -20,6 +19,7 @@ from core.store.database import Database
 from core.store.worker_writes import OutputWrite
 from scheduler import flush_group
 from scheduler.flush_group import GATHER_SECONDS, FlushGroup
+from tests.clocks import HandClock
 from tests.engines import expected_text
 from tests.scheduler.helpers import run_pass, streamed_text
 from tests.store.helpers import assert_log_sound, new_task
@@ -29,20 +29,14 @@ LONG = 30.0  # a window no test may wait out
 NOW_MS = 1_800_000_000_000
 
 
-class _StoppedClock(Clock):
-    """The group's time stands still: which flushes are due within its window follows
-    from the tests' due times alone, not from how fast a loaded machine gets from a
-    test's `due` to its `write` (with the wall clock, that gap outran the window)."""
-
-    def now_ms(self) -> int:
-        return NOW_MS
-
-
 class _Store:
     """What a `FlushGroup` needs of its store: the clock; its writes are recorded."""
 
     def __init__(self) -> None:
-        self.clock = _StoppedClock()
+        # The group's time stands still: which flushes are due within its window follows
+        # from the tests' due times alone, not from how fast a loaded machine gets from a
+        # test's `due` to its `write` (with the wall clock, that gap outran the window).
+        self.clock = HandClock(NOW_MS)
 
 
 @pytest.fixture

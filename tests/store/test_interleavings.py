@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from sqlalchemy import Row, delete, select
 
-from core.clock import Clock
 from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict, LeaseLost
 from core.objects import TERMINAL_EVENTS
@@ -33,19 +32,10 @@ from core.store.recovery import expire_leases, recover
 from core.store.transitions import Event
 from core.tables import metadata, task_events
 from core.tables import tasks as tasks_table
+from tests.clocks import HandClock
 
 LEASE_MS = 10_000
 WORKERS = 3
-
-
-class ManualClock(Clock):
-    """A clock that moves only when the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000_000
-
-    def now_ms(self) -> int:
-        return self.now
 
 
 @dataclass
@@ -57,7 +47,7 @@ def interleavings(database_url: str) -> type[RuleBasedStateMachine]:
     class Interleavings(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.clock = ManualClock()
+            self.clock = HandClock(1_800_000_000_000)
             self.db = Database(create_db_engine(TaskwardSettings(database_url=database_url)),
                                self.clock)
             with self.db.write() as conn:
@@ -179,7 +169,7 @@ def interleavings(database_url: str) -> type[RuleBasedStateMachine]:
 
         @rule(ms=st.integers(1, 2 * LEASE_MS))
         def time_passes(self, ms: int) -> None:
-            self.clock.now += ms
+            self.clock.ms += ms
 
         @rule()
         def expire(self) -> None:

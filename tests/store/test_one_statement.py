@@ -18,7 +18,6 @@ from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 from sqlalchemy import select
 from sqlalchemy.dialects import postgresql
 
-from core.clock import Clock
 from core.engines.base import Usage
 from core.models_registry import register
 from core.settings import Settings
@@ -30,19 +29,12 @@ from core.store.pg_claims import _CLAIM
 from core.store.pg_completion import _COMPLETE
 from core.store.transitions import Event, encoded
 from core.tables import responses, task_events, tasks
+from tests.clocks import HandClock
 from tests.databases import truncate_all
 from tests.store.helpers import assert_log_sound, force, new_task
 
 LEASE = 30_000
 NOW = 1_800_000_000_000
-
-
-class _FixedClock(Clock):
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def now_ms(self) -> int:
-        return self.now
 
 
 class _Separate(Database):
@@ -122,7 +114,7 @@ def test_the_one_statement_claim_and_completion_write_what_the_separate_ones_wri
     results = []
     for at_once in (False, True):
         truncate_all(database_url)
-        clock = _FixedClock()
+        clock = HandClock(NOW)
         db = Database(create_db_engine(settings), clock)
         worker = Database(db.engine, clock) if at_once else _Separate(db.engine, clock)
         try:
