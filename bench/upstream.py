@@ -336,18 +336,20 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     if not 0 <= args.server_cores < len(cores):
         parser.error(f"--server-cores must leave at least one of the {len(cores)} cores")
+    split = len(cores) - args.server_cores
+    server_cores, other_cores = cores[split:], cores[:split]
     threads = args.server_cores or args.threads
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        if args.server_cores:  # the server is started pinned: its threads inherit it
-            os.sched_setaffinity(0, cores[-args.server_cores:])
+        if server_cores:  # the server is started pinned: its threads inherit it
+            os.sched_setaffinity(0, server_cores)
         server = LlamaServer(root / "llama", parallel=args.parallel, threads=threads,
                              ctx_size=1024 * args.parallel).start()
-        if args.server_cores:  # and so are taskward's processes, started below
-            os.sched_setaffinity(0, cores[:-args.server_cores])
-            print(f"llama-server on cores {cores[-args.server_cores:]} with {threads} "
-                  f"thread(s); the bench and taskward on {cores[:-args.server_cores]}")
+        if server_cores:  # and so are taskward's processes, started below
+            os.sched_setaffinity(0, other_cores)
+            print(f"llama-server on cores {server_cores} with {threads} thread(s); the "
+                  f"bench and taskward on {other_cores}")
         children = Children(root / "logs")
         clients = {name: pooled_client() for name in ("direct", "taskward")}
         try:

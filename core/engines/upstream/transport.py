@@ -73,26 +73,26 @@ class _Transport:
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         self.client: httpx.AsyncClient = self.run(_new_client(limits)).result()
-        self._watches: dict[object, Callable[[], None]] = {}  # this loop's thread only
+        self._watches: set[Callable[[], None]] = set()  # this loop's thread only
         self._watching: asyncio.TimerHandle | None = None
 
     def run(self, work: Coroutine[Any, Any, Any]) -> Future[Any]:
         return asyncio.run_coroutine_threadsafe(work, self.loop)
 
-    def watch(self, key: object, watch: Callable[[], None]) -> None:
-        """Call `watch` every `WATCH_SECONDS` until `unwatch(key)` (on this loop)."""
-        self._watches[key] = watch
+    def watch(self, watch: Callable[[], None]) -> None:
+        """Call `watch` every `WATCH_SECONDS` until `unwatch(watch)` (on this loop)."""
+        self._watches.add(watch)
         if self._watching is None:
             self._watching = self.loop.call_later(WATCH_SECONDS, self._call_watches)
 
-    def unwatch(self, key: object) -> None:
-        self._watches.pop(key, None)
+    def unwatch(self, watch: Callable[[], None]) -> None:
+        self._watches.discard(watch)
 
     def _call_watches(self) -> None:
         # The next tick is set first: a watch that raised must not end the others'.
         self._watching = (self.loop.call_later(WATCH_SECONDS, self._call_watches)
                           if self._watches else None)
-        for watch in list(self._watches.values()):
+        for watch in list(self._watches):
             watch()
 
 
@@ -138,13 +138,13 @@ async def _watched(
     transport: _Transport, watch: Callable[[], None] | None, url: str, body: dict[str, Any],
     headers: dict[str, str], timeout: httpx.Timeout, into: Into,
 ) -> None:
-    key = object()
-    if watch is not None:
-        transport.watch(key, watch)
+    if watch is None:
+        return await _pump(transport.client, url, body, headers, timeout, into)
+    transport.watch(watch)
     try:
         await _pump(transport.client, url, body, headers, timeout, into)
     finally:
-        transport.unwatch(key)
+        transport.unwatch(watch)
 
 
 async def _pump(
