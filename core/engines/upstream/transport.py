@@ -14,7 +14,7 @@ the read brought), the loop is uvloop where installed, as the API's is, and the
 sockets are asyncio's own protocols rather than anyio's streams (`network`).
 
 While the upstream is silent (a long prompt, a full queue) no read comes to say that
-the attempt should stop, so a stream may name a `watch`: one timer of this loop calls
+the attempt should stop, so each stream names a `watch`: one timer of this loop calls
 every open stream's every `WATCH_SECONDS`, a wake-up of this thread for all of them,
 instead of each attempt's engine thread waking on its own to look (measured: 20 wake-ups
 a second per waiting attempt, for nothing). The timer runs only while a stream is open.
@@ -122,24 +122,22 @@ def _shared(max_connections: int) -> _Transport:
 
 def open_stream(
     url: str, body: dict[str, Any], headers: dict[str, str], timeout: httpx.Timeout,
-    into: Into, *, max_connections: int, watch: Callable[[], None] | None = None,
+    into: Into, *, max_connections: int, watch: Callable[[], None],
 ) -> Future[Any]:
     """POST `body` to `url` with `stream: true` and put into `into`, in order: a `Status`
     (then END) for a non-200 answer, else lists of the `data:` payloads parsed as JSON
     (each list non-empty: what one read brought); then END. A transport failure is put
     as the exception itself, after the payloads read before it and before END.
-    `watch`, if given, is called on this loop every `WATCH_SECONDS` while the stream is
-    open. Cancelling the returned future closes the connection at once."""
+    `watch` is called on this loop every `WATCH_SECONDS` while the stream is open.
+    Cancelling the returned future closes the connection at once."""
     transport = _shared(max_connections)
     return transport.run(_watched(transport, watch, url, body, headers, timeout, into))
 
 
 async def _watched(
-    transport: _Transport, watch: Callable[[], None] | None, url: str, body: dict[str, Any],
+    transport: _Transport, watch: Callable[[], None], url: str, body: dict[str, Any],
     headers: dict[str, str], timeout: httpx.Timeout, into: Into,
 ) -> None:
-    if watch is None:
-        return await _pump(transport.client, url, body, headers, timeout, into)
     transport.watch(watch)
     try:
         await _pump(transport.client, url, body, headers, timeout, into)
