@@ -3,7 +3,7 @@ one run.
 
 Run from the repository root: `.venv/bin/python -m bench.upstream` (options: `--levels
 1,4,8`, `--tokens 128`, `--rounds 2`, `--threads 2`, `--parallel 4`, `--nice 0`,
-`--idle`, `--server-cores N`). About 2 minutes on 2 shared cores.
+`--idle`, `--server-cores N`, `--count-commits`). About 2 minutes on 2 shared cores.
 
 `--server-cores N` gives llama-server N cores of its own (and N threads), and the bench
 and taskward the others: the server as on a machine of its own, which is where a
@@ -29,8 +29,12 @@ difference is not only a total; and
 llama-server's own decode time per token while it served each side (its log's
 `eval time` of each request): how much the server itself slowed beside taskward's
 processes, apart from what taskward's path adds.
-The store's write load at the highest level comes from the event log: events and
-write transactions (claims, flushes, completions) per generated token and per second.
+The store's write load at the highest level: events per generated token and per
+second from the event log, and with `--count-commits` the write transactions too, every
+one that any taskward process committed (tasks created, claims, flushes, lease renewals,
+completions), counted from their file syncs with `taskward run` started under `perf
+trace` (`bench/commits.py`). The tracer's own CPU is left out of taskward's, but it does
+take some from the shared cores, so the ratios of such a run are not the ones to judge by.
 So does taskward's CPU time per generated token and per second (user + system of
 every process of the `taskward run`, from /proc, over that level's taskward rounds): at
 8 streams every CPU second of taskward's is one the saturated llama-server does not
@@ -56,6 +60,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, func, select
 
+from bench import commits
 from core.tables import task_events, tasks
 from tests.scheduler.processes import Children, run_command, run_json
 from tests.service.running import Runs, run_env
@@ -262,22 +267,22 @@ def stage_line(level: int, database: Path, streams: list[Stream],
             f"{statistics.median(direct_ttfts) * 1000:.0f})")
 
 
-def write_load(database: Path, since_ms: int, seconds: float, tokens: int) -> str:
-    """Events and write transactions the taskward side stored since `since_ms`."""
+def write_load(database: Path, since_ms: int, seconds: float, tokens: int,
+               committed: commits.Commits | None) -> str:
+    """Events the taskward side stored since `since_ms`, and the transactions it
+    committed in that window when they were counted."""
     engine = create_engine(f"sqlite:///{database}")
     with engine.connect() as conn:
-        rows: dict[str, int] = dict(conn.execute(
-            select(task_events.c.type, func.count()).where(task_events.c.created_at >= since_ms)
-            .group_by(task_events.c.type)).all())
+        events = conn.execute(select(func.count()).select_from(task_events)
+                              .where(task_events.c.created_at >= since_ms)).scalar_one()
     engine.dispose()
-    events = sum(rows.values())
-    # A claim writes `response.loading`; each flush one delta event (the first one also
-    # `response.in_progress` and the item/part openings); a completion its closing events.
-    writes = rows.get("response.loading", 0) + rows.get("response.output_text.delta", 0) + (
-        rows.get("response.completed", 0))
-    return (f"{events} events, ~{writes} write transactions for {tokens} tokens: "
-            f"{events / tokens:.2f} events and {writes / tokens:.2f} transactions per token; "
-            f"{events / seconds:.0f} events/s, {writes / seconds:.0f} transactions/s")
+    line = (f"{events} events for {tokens} tokens: {events / tokens:.2f} per token, "
+            f"{events / seconds:.0f}/s")
+    if committed is None:
+        return f"{line} (write transactions: run with --count-commits)"
+    low, high = committed.fewest, committed.most
+    return (f"{line}; {low}-{high} write transactions: {low / tokens:.3f}-{high / tokens:.3f} "
+            f"per token, {low / seconds:.1f}-{high / seconds:.1f}/s")
 
 
 def _group_stats(group: int) -> list[tuple[Path, list[str]]]:
@@ -294,10 +299,12 @@ def _group_stats(group: int) -> list[tuple[Path, list[str]]]:
     return found
 
 
-def cpu_seconds(group: int) -> float:
-    """User + system CPU seconds so far of the live processes of process group `group`."""
+def cpu_seconds(group: int, *, besides: int | None = None) -> float:
+    """User + system CPU seconds so far of the live processes of process group `group`,
+    but for process `besides` (a tracer)."""
     tick = os.sysconf("SC_CLK_TCK")
-    return sum(int(fields[11]) + int(fields[12]) for _, fields in _group_stats(group)) / tick
+    return sum(int(fields[11]) + int(fields[12]) for folder, fields in _group_stats(group)
+               if folder.name != str(besides)) / tick
 
 
 def deprioritise(group: int, *, niceness: int, idle: bool) -> None:
@@ -331,6 +338,8 @@ def main() -> None:
     parser.add_argument("--server-cores", type=int, default=0,
                         help="pin llama-server (with as many threads) to this many cores of "
                              "its own, the bench and taskward to the others")
+    parser.add_argument("--count-commits", action="store_true",
+                        help="run taskward under `perf trace` to count its write transactions")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
     cores = sorted(os.sched_getaffinity(0))
@@ -357,7 +366,9 @@ def main() -> None:
             assert run_command(env, "migrate").returncode == 0
             run_json(env, "models", "add-upstream", MODEL, "--base-url", server.base_url,
                      "--upstream-model", "smollm2", "--max-concurrency", "8")
-            running = Runs(children).start(env)
+            trace = root / "syncs.trace" if args.count_commits else None
+            running = Runs(children).start(env, wrapper=commits.traced(trace) if trace else ())
+            tracer = running.process.pid if trace else None
             if args.nice or args.idle:
                 deprioritise(running.process.pid, niceness=args.nice, idle=args.idle)
             token = running.pair()
@@ -371,6 +382,7 @@ def main() -> None:
                   "direct TTFT p50 ms | taskward TTFT p50 ms | difference ms |")
             print("|---|---|---|---|---|---|---|")
             cpu, cpu_tokens, cpu_wall = 0.0, 0, 0.0
+            sync_files: commits.SyncFiles | None = None
             queued_lines: list[str] = []
             stage_lines: list[str] = []
             pair_lines: list[str] = []
@@ -384,17 +396,23 @@ def main() -> None:
                 for _ in range(args.rounds):
                     for name, one in sides.items():
                         if name == "taskward" and level == levels[-1]:
-                            since_ms, started = int(time.time() * 1000), time.perf_counter()
-                            cpu_before = cpu_seconds(running.process.pid)
+                            since_ms, started = int(time.time() * 1000), time.monotonic()
+                            cpu_before = cpu_seconds(running.process.pid, besides=tracer)
                         rate, ttfts = round_of(one, level)
                         timings, log_at = decode_ms_per_token(server.log_path, log_at, level)
                         decode[name] += timings
                         rates[name].append(rate)
                         firsts[name].append(ttfts)
                         if name == "taskward" and level == levels[-1]:
-                            load_window = (since_ms, time.perf_counter() - started,
-                                           int(rate * (time.perf_counter() - started)))
-                            cpu += cpu_seconds(running.process.pid) - cpu_before
+                            ended = time.monotonic()
+                            load_window = (since_ms, ended - started,
+                                           int(rate * (ended - started)))
+                            if trace:  # read while the processes still run
+                                sync_files = commits.SyncFiles.read(
+                                    [folder for folder, _ in _group_stats(running.process.pid)],
+                                    (root / "taskward.db").resolve())
+                            cpu += (cpu_seconds(running.process.pid, besides=tracer)
+                                    - cpu_before)
                             cpu_tokens += load_window[2]
                             cpu_wall += load_window[1]
                 best = {name: max(values) for name, values in rates.items()}
@@ -412,8 +430,12 @@ def main() -> None:
             for line in pair_lines + queued_lines + stage_lines + decode_lines:
                 print(line)
             since_ms, seconds, tokens = load_window
+            committed = None
+            if trace and sync_files:
+                commits.stop(running.process)  # its last lines written out
+                committed = commits.count(trace, sync_files, ended - seconds, ended)
             print(f"store write load at {levels[-1]} streams (last round): "
-                  f"{write_load(root / 'taskward.db', since_ms, seconds, tokens)}")
+                  f"{write_load(root / 'taskward.db', since_ms, seconds, tokens, committed)}")
             print(f"taskward CPU at {levels[-1]} streams: {cpu * 1000 / cpu_tokens:.2f} CPU-ms "
                   f"per generated token ({cpu:.2f} CPU-s for {cpu_tokens} tokens in "
                   f"{cpu_wall:.1f} s, {cpu / cpu_wall:.3f} CPU-s/s; load average "

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +76,13 @@ class Children:
         self._logs = logs
         self._started: list[subprocess.Popen[bytes]] = []
 
-    def start(self, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    def start(self, env: dict[str, str], *args: str,
+              wrapper: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+        """`taskward *args` in a session of its own; `wrapper` runs it (a tracer, say),
+        and is then the process group's leader."""
         self._logs.mkdir(parents=True, exist_ok=True)
         log = (self._logs / f"{len(self._started)}-{args[0]}.log").open("wb")
-        child = subprocess.Popen([*TASKWARD, *args], env=env, cwd=ROOT, stdout=log,
+        child = subprocess.Popen([*wrapper, *TASKWARD, *args], env=env, cwd=ROOT, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         self._started.append(child)
         return child

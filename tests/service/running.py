@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,9 +83,10 @@ class Runs:
         self.children = children
         self._started = 0
 
-    def start(self, env: dict[str, str], *, ready_seconds: float = 60) -> Running:
+    def start(self, env: dict[str, str], *, ready_seconds: float = 60,
+              wrapper: Sequence[str] = ()) -> Running:
         port = free_port()
-        child = self.children.start(env, "run", "--port", str(port))
+        child = self.children.start(env, "run", "--port", str(port), wrapper=wrapper)
         running = Running(self.children, self._started, child,
                           f"http://127.0.0.1:{port}", env)
         self._started += 1

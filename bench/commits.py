@@ -1,0 +1,124 @@
+"""How many transactions a process group committed to one SQLite database, counted from
+its file syncs under `perf trace`.
+
+With `synchronous=FULL` (taskward's default) SQLite syncs the WAL once per commit, once
+per checkpoint, which also syncs the database file once, and once more when a WAL starts
+afresh after a checkpoint; so the commits lie between the WAL's syncs less twice the
+database file's and the WAL's syncs less the database file's (checkpoints come every
+1,000 pages, so the two are close), and the syncs of a file whose descriptor was closed
+before `SyncFiles` looked (a connection opened and closed in the window) may each be one
+more commit. `perf trace` reads the system calls from kernel tracepoints without
+stopping the traced threads (strace, which stops them, multiplied a threaded process's
+CPU time many times over here), but it names a synced file only by its descriptor:
+`SyncFiles` reads what each descriptor is from /proc while the traced processes still
+run.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# `2369015.199 ( 0.285 ms): python/23397 fdatasync(fd: 5)   = 0`: monotonic ms, thread id
+# (no duration, and `...` for the result, when another event came in between)
+_SYNC = re.compile(r"^ *([\d.]+) \([^)]*\): .*?/(\d+) f(?:data)?sync\(fd: (\d+)",
+                   re.MULTILINE)
+
+
+def traced(trace: Path) -> list[str]:
+    """The command prefix that runs a command with every sync of its processes and
+    their threads written to `trace`, timed in milliseconds as `time.monotonic()` counts
+    seconds (give or take `CLOCK_SLACK_SECONDS`)."""
+    perf = shutil.which("perf")
+    if perf is None:
+        raise SystemExit("counting commits needs perf: apt-get install linux-perf")
+    return [perf, "trace", "-T", "-e", "fdatasync,fsync", "-o", str(trace), "--"]
+
+
+def stop(tracer: subprocess.Popen[bytes]) -> None:
+    """End the tracer started by `traced` (and the command it runs), so that it writes
+    out the syncs it still holds."""
+    tracer.send_signal(signal.SIGINT)
+    tracer.wait(timeout=30)
+
+
+_WAL, _MAIN = "wal", "main"
+# perf times events by the kernel's scheduler clock, which runs some milliseconds off
+# CLOCK_MONOTONIC (seen here: 0.1-3 ms late): a sync just inside a window may be stamped
+# just outside it.
+CLOCK_SLACK_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class SyncFiles:
+    """Which descriptors are `database` and its WAL, read from /proc: per live thread, and
+    per descriptor number where every traced process that has it open agrees (a thread
+    that ended, such as one attempt's, is found by its descriptor alone)."""
+
+    of_thread: dict[tuple[int, int], str]  # (thread id, descriptor) -> _WAL or _MAIN
+    of_number: dict[int, str]
+
+    @classmethod
+    def read(cls, processes: list[Path], database: Path) -> SyncFiles:
+        """`processes`: /proc folders of the live traced processes."""
+        kinds = {f"{database}-wal": _WAL, str(database): _MAIN}
+        of_thread: dict[tuple[int, int], str] = {}
+        seen: dict[int, set[str | None]] = {}
+        for process in processes:
+            descriptors = {fd: kinds.get(target) for fd, target in _descriptors(process)}
+            for fd, kind in descriptors.items():
+                seen.setdefault(fd, set()).add(kind)
+            for thread in _threads(process):
+                of_thread.update({(thread, fd): kind for fd, kind in descriptors.items()
+                                  if kind is not None})
+        of_number = {fd: kind for fd, (kind,) in
+                     ((fd, kinds_) for fd, kinds_ in seen.items() if len(kinds_) == 1)
+                     if kind is not None}
+        return cls(of_thread, of_number)
+
+    def kind(self, thread: int, fd: int) -> str | None:
+        return self.of_thread.get((thread, fd), self.of_number.get(fd))
+
+
+@dataclass(frozen=True)
+class Commits:
+    fewest: int
+    most: int
+
+
+def count(trace: Path, files: SyncFiles, start: float, end: float) -> Commits:
+    """The commits between the monotonic seconds `start` and `end`, give or take
+    `CLOCK_SLACK_SECONDS`: so time the window where the traced processes write nothing
+    else."""
+    first, last = (start - CLOCK_SLACK_SECONDS) * 1000, (end + CLOCK_SLACK_SECONDS) * 1000
+    found_kinds = Counter(
+        files.kind(int(found.group(2)), int(found.group(3)))
+        for found in _SYNC.finditer(trace.read_text())
+        if first <= float(found.group(1)) <= last)
+    wal, main, unknown = found_kinds[_WAL], found_kinds[_MAIN], found_kinds[None]
+    return Commits(fewest=wal - 2 * main, most=wal - main + unknown)
+
+
+def _descriptors(process: Path) -> Iterator[tuple[int, str]]:
+    try:
+        links = list((process / "fd").iterdir())
+    except OSError:  # ended while we looked
+        return
+    for link in links:
+        try:
+            yield int(link.name), str(link.readlink())
+        except OSError:
+            continue
+
+
+def _threads(process: Path) -> list[int]:
+    try:
+        return [int(task.name) for task in (process / "task").iterdir()]
+    except OSError:
+        return []
