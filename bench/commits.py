@@ -57,33 +57,31 @@ CLOCK_SLACK_SECONDS = 0.05
 
 @dataclass(frozen=True)
 class SyncFiles:
-    """Which descriptors are `database` and its WAL, read from /proc: per live thread, and
-    per descriptor number where every traced process that has it open agrees (a thread
-    that ended, such as one attempt's, is found by its descriptor alone)."""
+    """What each descriptor of the traced processes is (`database`, its WAL or another
+    file), and which process each live thread is of, read from /proc. A sync by a thread
+    that has ended (one attempt's, say) is placed by its descriptor number where every
+    process that has that number open agrees on what it is."""
 
-    of_thread: dict[tuple[int, int], str]  # (thread id, descriptor) -> _WAL or _MAIN
-    of_number: dict[int, str]
+    kinds: dict[int, dict[int, str | None]]  # process id -> descriptor -> _WAL, _MAIN, None
+    process_of: dict[int, int]  # thread id -> process id
 
     @classmethod
     def read(cls, processes: list[Path], database: Path) -> SyncFiles:
         """`processes`: /proc folders of the live traced processes."""
-        kinds = {f"{database}-wal": _WAL, str(database): _MAIN}
-        of_thread: dict[tuple[int, int], str] = {}
-        seen: dict[int, set[str | None]] = {}
-        for process in processes:
-            descriptors = {fd: kinds.get(target) for fd, target in _descriptors(process)}
-            for fd, kind in descriptors.items():
-                seen.setdefault(fd, set()).add(kind)
-            for thread in _threads(process):
-                of_thread.update({(thread, fd): kind for fd, kind in descriptors.items()
-                                  if kind is not None})
-        of_number = {fd: kind for fd, (kind,) in
-                     ((fd, kinds_) for fd, kinds_ in seen.items() if len(kinds_) == 1)
-                     if kind is not None}
-        return cls(of_thread, of_number)
+        names = {f"{database}-wal": _WAL, str(database): _MAIN}
+        kinds = {int(process.name): {fd: names.get(target)
+                                     for fd, target in _descriptors(process)}
+                 for process in processes}
+        process_of = {thread: int(process.name)
+                      for process in processes for thread in _threads(process)}
+        return cls(kinds, process_of)
 
     def kind(self, thread: int, fd: int) -> str | None:
-        return self.of_thread.get((thread, fd), self.of_number.get(fd))
+        own = self.kinds.get(self.process_of.get(thread, -1), {})
+        if fd in own:
+            return own[fd]
+        agreed = {descriptors[fd] for descriptors in self.kinds.values() if fd in descriptors}
+        return agreed.pop() if len(agreed) == 1 else None
 
 
 @dataclass(frozen=True)

@@ -267,15 +267,30 @@ def stage_line(level: int, database: Path, streams: list[Stream],
             f"{statistics.median(direct_ttfts) * 1000:.0f})")
 
 
-def write_load(database: Path, since_ms: int, seconds: float, tokens: int,
-               committed: commits.Commits | None) -> str:
-    """Events the taskward side stored since `since_ms`, and the transactions it
-    committed in that window when they were counted."""
+@dataclass(frozen=True)
+class Round:
+    """One taskward round: its start on the wall clock (the event log's), its start and
+    end on the monotonic clock, and the tokens it streamed."""
+
+    since_ms: int
+    started: float
+    ended: float
+    tokens: int
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+
+def write_load(database: Path, span: Round, committed: commits.Commits | None) -> str:
+    """Events the taskward side stored in `span`, and the transactions it committed
+    when they were counted."""
     engine = create_engine(f"sqlite:///{database}")
     with engine.connect() as conn:
         events = conn.execute(select(func.count()).select_from(task_events)
-                              .where(task_events.c.created_at >= since_ms)).scalar_one()
+                              .where(task_events.c.created_at >= span.since_ms)).scalar_one()
     engine.dispose()
+    tokens, seconds = span.tokens, span.seconds
     line = (f"{events} events for {tokens} tokens: {events / tokens:.2f} per token, "
             f"{events / seconds:.0f}/s")
     if committed is None:
@@ -382,7 +397,6 @@ def main() -> None:
                   "direct TTFT p50 ms | taskward TTFT p50 ms | difference ms |")
             print("|---|---|---|---|---|---|---|")
             cpu, cpu_tokens, cpu_wall = 0.0, 0, 0.0
-            sync_files: commits.SyncFiles | None = None
             queued_lines: list[str] = []
             stage_lines: list[str] = []
             pair_lines: list[str] = []
@@ -405,16 +419,11 @@ def main() -> None:
                         firsts[name].append(ttfts)
                         if name == "taskward" and level == levels[-1]:
                             ended = time.monotonic()
-                            load_window = (since_ms, ended - started,
-                                           int(rate * (ended - started)))
-                            if trace:  # read while the processes still run
-                                sync_files = commits.SyncFiles.read(
-                                    [folder for folder, _ in _group_stats(running.process.pid)],
-                                    (root / "taskward.db").resolve())
+                            last = Round(since_ms, started, ended, int(rate * (ended - started)))
                             cpu += (cpu_seconds(running.process.pid, besides=tracer)
                                     - cpu_before)
-                            cpu_tokens += load_window[2]
-                            cpu_wall += load_window[1]
+                            cpu_tokens += last.tokens
+                            cpu_wall += last.seconds
                 best = {name: max(values) for name, values in rates.items()}
                 p50 = {name: statistics.median(v for ttfts in rounds for v in ttfts) * 1000
                        for name, rounds in firsts.items()}
@@ -429,13 +438,15 @@ def main() -> None:
                 decode_lines.append(decode_line(level, decode))
             for line in pair_lines + queued_lines + stage_lines + decode_lines:
                 print(line)
-            since_ms, seconds, tokens = load_window
-            committed = None
-            if trace and sync_files:
+            committed = None  # in `last`, the last round at the top level
+            if trace:
+                files = commits.SyncFiles.read(  # while the processes still run
+                    [folder for folder, _ in _group_stats(running.process.pid)],
+                    (root / "taskward.db").resolve())
                 commits.stop(running.process)  # its last lines written out
-                committed = commits.count(trace, sync_files, ended - seconds, ended)
+                committed = commits.count(trace, files, last.started, last.ended)
             print(f"store write load at {levels[-1]} streams (last round): "
-                  f"{write_load(root / 'taskward.db', since_ms, seconds, tokens, committed)}")
+                  f"{write_load(root / 'taskward.db', last, committed)}")
             print(f"taskward CPU at {levels[-1]} streams: {cpu * 1000 / cpu_tokens:.2f} CPU-ms "
                   f"per generated token ({cpu:.2f} CPU-s for {cpu_tokens} tokens in "
                   f"{cpu_wall:.1f} s, {cpu / cpu_wall:.3f} CPU-s/s; load average "
