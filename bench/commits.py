@@ -67,7 +67,8 @@ class SyncFiles:
 
     @classmethod
     def read(cls, processes: list[Path], database: Path) -> SyncFiles:
-        """`processes`: /proc folders of the live traced processes."""
+        """`processes`: /proc folders of the live traced processes (not the tracer's:
+        its own descriptors would spoil the agreement on a number)."""
         names = {f"{database}-wal": _WAL, str(database): _MAIN}
         kinds = {int(process.name): {fd: names.get(target)
                                      for fd, target in _descriptors(process)}

@@ -300,11 +300,13 @@ def write_load(database: Path, span: Round, committed: commits.Commits | None) -
             f"per token, {low / seconds:.1f}-{high / seconds:.1f}/s")
 
 
-def _group_stats(group: int) -> list[tuple[Path, list[str]]]:
-    """Each live process of process group `group`: its /proc folder and its stat fields
-    after the command name."""
+def _group_stats(group: int, *, besides: int | None = None) -> list[tuple[Path, list[str]]]:
+    """Each live process of process group `group` but `besides` (a tracer): its /proc
+    folder and its stat fields after the command name."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
+        if stat.parent.name == str(besides):
+            continue
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:  # ended while we looked
@@ -318,8 +320,8 @@ def cpu_seconds(group: int, *, besides: int | None = None) -> float:
     """User + system CPU seconds so far of the live processes of process group `group`,
     but for process `besides` (a tracer)."""
     tick = os.sysconf("SC_CLK_TCK")
-    return sum(int(fields[11]) + int(fields[12]) for folder, fields in _group_stats(group)
-               if folder.name != str(besides)) / tick
+    return sum(int(fields[11]) + int(fields[12])
+               for _, fields in _group_stats(group, besides=besides)) / tick
 
 
 def deprioritise(group: int, *, niceness: int, idle: bool) -> None:
@@ -441,7 +443,8 @@ def main() -> None:
             committed = None  # in `last`, the last round at the top level
             if trace:
                 files = commits.SyncFiles.read(  # while the processes still run
-                    [folder for folder, _ in _group_stats(running.process.pid)],
+                    [folder for folder, _ in _group_stats(running.process.pid,
+                                                          besides=tracer)],
                     (root / "taskward.db").resolve())
                 commits.stop(running.process)  # its last lines written out
                 committed = commits.count(trace, files, last.started, last.ended)
