@@ -164,16 +164,19 @@ class _Relay:
             if chunk is not None:
                 self._emit(chunk)
             if error is not None or self._should_stop():
-                self._closed = True
-                self._control.put(_STOPPED if error is None else error)
+                self._end(_STOPPED if error is None else error)
 
     def watch(self) -> None:
         """The transport's timer, between reads: a stop asked for while the upstream
         sends nothing ends the request too."""
         with self._lock:
             if not self._closed and self._should_stop():
-                self._closed = True
-                self._control.put(_STOPPED)
+                self._end(_STOPPED)
+
+    def _end(self, why: Any) -> None:
+        """Under the lock: nothing more is handed on, and the engine thread hears why."""
+        self._closed = True
+        self._control.put(why)
 
     def close(self) -> None:
         with self._lock:
