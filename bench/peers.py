@@ -199,6 +199,10 @@ def number(value: float) -> str:
     return "-" if value != value else f"{value:,.0f}"  # NaN: not measured
 
 
+def times(value: float) -> str:
+    return "-" if value != value else f"{value:.2f}x"  # NaN: a workload not run
+
+
 def median_pair(pairs: list[tuple[float, float]]) -> str:
     if not pairs:
         return "-"
@@ -224,11 +228,12 @@ def ratio_lines(results: dict[str, Figures], ours: str, peers: list[str],
     for peer in peers:
         if peer in results:
             theirs = results[peer]
-            lines.append(f"{ours} / {peer}: drain {median(mine.drain) / median(theirs.drain):.2f}x,"
-                         f" enqueue {median(mine.enqueue) / median(theirs.enqueue):.2f}x")
+            drain = times(median(mine.drain) / median(theirs.drain))
+            enqueue = times(median(mine.enqueue) / median(theirs.enqueue))
+            lines.append(f"{ours} / {peer}: drain {drain}, enqueue {enqueue}")
     if ceiling:
-        lines.append(f"{ours}: drain {median(mine.drain) / ceiling:.2f}x and enqueue "
-                     f"{median(mine.enqueue) / ceiling:.2f}x the raw one-row commit rate")
+        lines.append(f"{ours}: drain {times(median(mine.drain) / ceiling)} and enqueue "
+                     f"{times(median(mine.enqueue) / ceiling)} the raw one-row commit rate")
     return lines
 
 
@@ -275,7 +280,7 @@ def sqlite_section(workdir: Path, args: argparse.Namespace) -> list[Figures]:
           f"POST handler served the same way ({args.sqlite_workers} granian worker(s))")
     print("\n".join(table(results)))
     ours = median(results["taskward-sqlite"].enqueue)
-    print(f"taskward-sqlite POST / bare Litestar POST: {ours / median(bare.enqueue):.2f}x")
+    print(f"taskward-sqlite POST / bare Litestar POST: {times(ours / median(bare.enqueue))}")
     return list(results.values())
 
 
