@@ -189,17 +189,21 @@ def queued_line(level: int, parallel: int, firsts: dict[str, list[list[float]]])
     streams that got a slot at once and those the server queued until one freed, and
     moves with either group's edge: the two groups' own p50s, side by side. A round's
     `parallel` quickest first deltas count as the first group."""
-    p50: dict[str, tuple[float, float]] = {}
-    for name, rounds in firsts.items():
-        ordered = [sorted(ttfts) for ttfts in rounds]
-        p50[name] = (statistics.median(v for o in ordered for v in o[:parallel]) * 1000,
-                     statistics.median(v for o in ordered for v in o[parallel:]) * 1000)
-    (direct_now, direct_queued), (ours_now, ours_queued) = p50["direct"], p50["taskward"]
+    (direct_now, direct_queued), (ours_now, ours_queued) = (
+        halves_ms(firsts["direct"], parallel), halves_ms(firsts["taskward"], parallel))
     return (f"{level} streams, first delta p50 of the {parallel} per round given a slot at "
             f"once: direct {direct_now:.0f} ms, taskward {ours_now:.0f} ms "
             f"({ours_now - direct_now:+.0f}); of the {level - parallel} queued: direct "
             f"{direct_queued:.0f} ms, taskward {ours_queued:.0f} ms "
             f"({ours_queued - direct_queued:+.0f})")
+
+
+def halves_ms(rounds: list[list[float]], parallel: int) -> tuple[float, float]:
+    """The p50 first delta, in ms, of each round's `parallel` quickest streams and of the
+    rest: above the server's slots, those it gave a slot at once and those it queued."""
+    ordered = [sorted(ttfts) for ttfts in rounds]
+    return (statistics.median(v for o in ordered for v in o[:parallel]) * 1000,
+            statistics.median(v for o in ordered for v in o[parallel:]) * 1000)
 
 
 # llama-server's own timing of a request's generation, printed as the request ends
@@ -324,6 +328,26 @@ def cpu_seconds(group: int, *, besides: int | None = None) -> float:
                for _, fields in _group_stats(group, besides=besides)) / tick
 
 
+def start_server(folder: Path, *, parallel: int, threads: int,
+                 server_cores: int) -> LlamaServer:
+    """The llama-server both sides are measured against; with `server_cores`, pinned to
+    that many cores of its own (its threads inherit the pin it starts with), and this
+    process, with whatever it starts later, to the others."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not 0 <= server_cores < len(cores):
+        raise SystemExit(f"--server-cores must leave at least one of the {len(cores)} cores")
+    split = len(cores) - server_cores
+    if server_cores:
+        os.sched_setaffinity(0, cores[split:])
+    server = LlamaServer(folder, parallel=parallel, threads=threads,
+                         ctx_size=1024 * parallel).start()
+    if server_cores:
+        os.sched_setaffinity(0, cores[:split])
+        print(f"llama-server on cores {cores[split:]} with {threads} thread(s); the "
+              f"bench and taskward on {cores[:split]}")
+    return server
+
+
 def deprioritise(group: int, *, niceness: int, idle: bool) -> None:
     """Every thread of process group `group` at `niceness`, or under `SCHED_IDLE` (run
     only on a core nothing else wants, and never preempting what runs there). Linux
@@ -359,23 +383,12 @@ def main() -> None:
                         help="run taskward under `perf trace` to count its write transactions")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
-    cores = sorted(os.sched_getaffinity(0))
-    if not 0 <= args.server_cores < len(cores):
-        parser.error(f"--server-cores must leave at least one of the {len(cores)} cores")
-    split = len(cores) - args.server_cores
-    server_cores, other_cores = cores[split:], cores[:split]
-    threads = args.server_cores or args.threads
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        if server_cores:  # the server is started pinned: its threads inherit it
-            os.sched_setaffinity(0, server_cores)
-        server = LlamaServer(root / "llama", parallel=args.parallel, threads=threads,
-                             ctx_size=1024 * args.parallel).start()
-        if server_cores:  # and so are taskward's processes, started below
-            os.sched_setaffinity(0, other_cores)
-            print(f"llama-server on cores {server_cores} with {threads} thread(s); the "
-                  f"bench and taskward on {other_cores}")
+        server = start_server(root / "llama", parallel=args.parallel,
+                              threads=args.server_cores or args.threads,
+                              server_cores=args.server_cores)
         children = Children(root / "logs")
         clients = {name: pooled_client() for name in ("direct", "taskward")}
         try:

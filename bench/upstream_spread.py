@@ -22,38 +22,37 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from bench.upstream import Stream, direct, pooled_client
-from tests.upstream.llama import LlamaServer
+from bench.upstream import Stream, direct, halves_ms, pooled_client, round_of, start_server
 
 STREAMS = 8
 
 
-def burst(one: Callable[[], Stream], delays: list[float]) -> list[float]:
-    """Each stream started `delays[i]` seconds after the burst's start; their first
-    deltas, sorted, measured from that start."""
-    firsts: list[float] = []
+def staggered(one: Callable[[], Stream], delays: list[float]) -> Callable[[], Stream]:
+    """`one` for `round_of`: each call starts the next of `delays` seconds after the burst
+    does, and its first delta is timed from the burst's start."""
+    pending = iter(delays)
     lock = threading.Lock()
 
-    def run(delay: float) -> None:
+    def delayed() -> Stream:
+        with lock:
+            delay = next(pending)
         time.sleep(delay)
         stream = one()
-        with lock:
-            firsts.append(delay + stream.first_delta_s)
+        return replace(stream, first_delta_s=delay + stream.first_delta_s)
 
-    threads = [threading.Thread(target=run, args=(delay,)) for delay in delays]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(firsts) == len(delays), "a stream failed"
-    return sorted(firsts)
+    return delayed
+
+
+def burst(one: Callable[[], Stream], delays: list[float]) -> list[float]:
+    """The first deltas of a burst of `len(delays)` streams, from its start."""
+    return round_of(staggered(one, delays), len(delays))[1]
 
 
 def main() -> None:
@@ -68,12 +67,9 @@ def main() -> None:
                 f"3, then 5 at +{args.spread_ms:.0f} ms": [0.0] * 3 + [spread] * 5,
                 f"one every {args.spread_ms / 2:.0f} ms": [i * spread / 2
                                                           for i in range(STREAMS)]}
-    cores = sorted(os.sched_getaffinity(0))
-    assert len(cores) >= 2, "needs two cores: one for the server, one for the clients"
     with tempfile.TemporaryDirectory() as scratch, pooled_client() as client:
-        os.sched_setaffinity(0, cores[-1:])  # the server's threads inherit it
-        server = LlamaServer(Path(scratch), parallel=args.parallel, threads=1).start()
-        os.sched_setaffinity(0, cores[:-1])
+        server = start_server(Path(scratch), parallel=args.parallel, threads=1,
+                              server_cores=1)
         try:
             one = direct(server, args.tokens, client)
             burst(one, [0.0] * STREAMS)  # warm-up: connections, the prompt's cache
@@ -86,9 +82,8 @@ def main() -> None:
         finally:
             server.kill9()
     for name, rounds in firsts.items():
-        now = statistics.median(v for r in rounds for v in r[:args.parallel]) * 1000
-        queued = statistics.median(v for r in rounds for v in r[args.parallel:]) * 1000
-        each = ", ".join(f"{statistics.median(r[args.parallel:]) * 1000:.0f}" for r in rounds)
+        now, queued = halves_ms(rounds, args.parallel)
+        each = ", ".join(f"{halves_ms([r], args.parallel)[1]:.0f}" for r in rounds)
         print(f"{name:22} first delta p50: given a slot at once {now:.0f} ms, "
               f"queued {queued:.0f} ms (each round's: {each})")
 
