@@ -34,8 +34,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.upstream import cpu_seconds, deprioritise, direct, pooled_client, round_of
-from tests.upstream.llama import LlamaServer
+from bench.upstream import (
+    cpu_seconds,
+    deprioritise,
+    direct,
+    pooled_client,
+    round_of,
+    start_server,
+)
 
 
 def burn(share: float, wakeups: int, touch_mib: int) -> None:
@@ -85,8 +91,7 @@ def main() -> None:
     firsts: dict[str, list[float]] = {name: [] for name in rates}
     burned: list[float] = []  # the burner's CPU-s per second of each round
     with tempfile.TemporaryDirectory() as scratch, pooled_client() as client:
-        server = LlamaServer(Path(scratch) / "llama", parallel=4, threads=2,
-                             ctx_size=4096).start()
+        server = start_server(Path(scratch) / "llama", parallel=4, threads=2, server_cores=0)
         try:
             one = direct(server, args.tokens, client)
             round_of(one, 1)  # warm-up: the prompt cache
