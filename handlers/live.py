@@ -43,6 +43,7 @@ from sqlalchemy import Row
 from core.states import TERMINAL, Status
 from core.store.database import EVENTS_CHANNEL, Database, Logged, LoggedEvent
 from core.store.tasks import get_task, log_positions
+from core.threads import named_thread
 from handlers.threads import blocking
 
 log = logging.getLogger("taskward.live")
@@ -105,8 +106,7 @@ class LiveTail:
                     loop.call_soon_threadsafe(self._heard, news)
 
         self._unlisten = self._db.listen(EVENTS_CHANNEL, logged)
-        self._poller = threading.Thread(target=self._run, args=(loop,),
-                                        name="taskward-live-tail", daemon=True)
+        self._poller = named_thread(self._run, "taskward-live-tail", args=(loop,))
         self._poller.start()
 
     async def stop(self) -> None:

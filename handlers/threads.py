@@ -20,12 +20,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from core.store.database import Database
+from core.threads import name_pool_thread
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="taskward-store")
-_SINGLE_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskward-single-writer")
+_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="taskward-store",
+                           initializer=name_pool_thread)
+_SINGLE_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskward-single-writer",
+                                    initializer=name_pool_thread)
 
 
 async def blocking(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -19,6 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from core.threads import named_thread
+
 _IDLE_NAME = "engine-idle"
 
 
@@ -57,7 +59,8 @@ class EngineThreads:
             if reuse:
                 self._idle -= 1
             else:
-                thread = threading.Thread(target=self._serve, name=name, daemon=True)
+                # One kernel name for all: the thread serves one attempt after another.
+                thread = named_thread(self._serve, name, kernel_name="engine")
                 self._running[thread] = None
         if not reuse:
             thread.start()

@@ -26,6 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from core.threads import named_thread
+
 log = logging.getLogger(__name__)
 
 
@@ -39,7 +41,7 @@ class Handoffs:
         self._pending: dict[object, tuple[float, Callable[[], object]]] = {}
         self._asleep = False  # the watcher waits for a watch to come, not for a time
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="handoff", daemon=True)
+        self._thread = named_thread(self._run, "handoff")
 
     def start(self) -> None:
         self._thread.start()

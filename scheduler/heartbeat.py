@@ -19,6 +19,7 @@ from core.errors import LeaseLost
 from core.states import Status
 from core.store import worker_writes
 from core.store.database import Database
+from core.threads import named_thread
 from scheduler.attempt import Attempt, StopReason
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class LeaseKeeper:
         self._failing: set[str] = set()  # tasks whose last renewal failed (logged once)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+        self._thread = named_thread(self._run, "lease-keeper")
 
     def start(self) -> None:
         self._thread.start()

@@ -45,6 +45,7 @@ import threading
 
 from core.settings import Settings
 from core.store.database import WORK_CHANNEL, Database
+from core.threads import named_thread
 from scheduler.timer import MaintenanceTimer
 from scheduler.workers import Workers
 
@@ -80,7 +81,7 @@ class SweeperLoop:
         self._idle_wait = max(poll, _PUSHED_POLL_SECONDS) if pushed else poll
         self._maintenance = MaintenanceTimer(settings.sweep_schedule, db.clock, self._maintain,
                                              start_gate=self._caught_up_for_the_start_pass)
-        self._claimer = threading.Thread(target=self._claim_loop, name="claimer", daemon=True)
+        self._claimer = named_thread(self._claim_loop, "claimer")
 
     def start(self) -> None:
         self._workers = Workers(self._db, self._settings, on_slot_freed=self._wake.set)

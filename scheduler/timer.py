@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from core.clock import Clock
 from core.cron import next_slot, parse_cron
+from core.threads import named_thread
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class MaintenanceTimer:
         self._tick = tick_seconds
         self._due_ms: int | None = None  # None: the start pass has not run yet
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="maintenance", daemon=True)
+        self._thread = named_thread(self._run, "maintenance")
 
     def start(self) -> None:
         self._thread.start()

@@ -35,6 +35,7 @@ from core.engines.upstream.routing import ROUTER
 from core.settings import Settings
 from core.store import claims
 from core.store.database import Database
+from core.threads import name_pool_thread
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
 from scheduler.flush_group import FlushGroup
@@ -98,7 +99,8 @@ class Workers:
         # never more attempts than slots.
         threads = 2 * sum(self._slots.values())
         self._executor = ThreadPoolExecutor(max_workers=threads,
-                                            thread_name_prefix="taskward-runner")
+                                            thread_name_prefix="taskward-runner",
+                                            initializer=name_pool_thread)
         self._engines = EngineThreads(idle_limit=threads)
         self._handoffs = Handoffs(after_seconds=_RUNNER_AFTER_SECONDS)
         self._keeper.start()

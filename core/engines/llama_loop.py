@@ -39,6 +39,7 @@ from core.engines.host_lock import HostLock
 from core.engines.llama_native import llama_cpp
 from core.engines.llama_sampling import PENALTY_LAST_N, Sampling
 from core.engines.llama_text import Utf8Pieces
+from core.threads import named_thread
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,7 @@ class DecodeLoop:
         with self._lock:
             self._waiting.append(sequence)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="taskward-decode",
-                                                daemon=True)
+                self._thread = named_thread(self._run, "taskward-decode")
                 self._thread.start()
             self._changed.notify()
 

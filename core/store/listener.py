@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 import psycopg
 from sqlalchemy.engine import URL
 
+from core.threads import named_thread
+
 log = logging.getLogger(__name__)
 
 _RECONNECT_SECONDS = 1.0
@@ -29,7 +31,7 @@ class PgListener:
         self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._handlers = dict(handlers)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pg-listener", daemon=True)
+        self._thread = named_thread(self._run, "pg-listener")
 
     def start(self) -> None:
         self._thread.start()

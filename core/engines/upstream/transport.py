@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import httpx
 
 from core.engines.upstream.network import asyncio_transport
+from core.threads import named_thread
 
 _lock = threading.Lock()
 _transport: _Transport | None = None
@@ -67,8 +68,7 @@ class _Transport:
     def __init__(self, max_connections: int) -> None:
         self.pid = os.getpid()
         self.loop = _new_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="upstream-http",
-                                        daemon=True)
+        self._thread = named_thread(self.loop.run_forever, "upstream-http")
         self._thread.start()
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
