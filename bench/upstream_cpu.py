@@ -12,9 +12,10 @@ queueing the rest, as `llama-server --parallel 4` does. A `taskward run` on SQLi
 streams (`background: false, stream: true`, read to the end as `bench.upstream` reads
 them) per round. Printed: the CPU time (user + system) and the voluntary context
 switches of every thread of the `taskward run` process group, from /proc, per
-generated token over the rounds. A thread that ends during the rounds (an attempt's
-engine thread) takes its switches with it, so the switches are sampled every 0.2 s
-and summed per thread.
+generated token over the rounds, in all and by thread (each taskward thread names
+itself for the kernel, `core.threads`; numbered pool threads are summed as one kind:
+`runner_*`). A thread that ends during the rounds (an attempt's engine thread) takes
+its switches with it, so the counters are sampled every 0.2 s and summed per thread.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -96,18 +98,25 @@ class StandIn:
             await writer.drain()
 
 
-def _thread_counters(group: int) -> dict[str, tuple[int, int]]:
-    """CPU ticks and voluntary switches of every live thread of process group `group`."""
-    counters: dict[str, tuple[int, int]] = {}
+_NUMBERED = re.compile(r"_\d+$")  # a pool's `runner_3`: one kind with its siblings
+
+
+def _thread_counters(group: int) -> dict[tuple[str, str], tuple[int, int]]:
+    """CPU ticks and voluntary switches of every live thread of process group `group`,
+    by (pid/tid, the thread's kind: its kernel name, numbering dropped, or `main`)."""
+    counters: dict[tuple[str, str], tuple[int, int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != group:
                 continue
             for thread in (stat.parent / "task").iterdir():
-                fields = (thread / "stat").read_text().rsplit(")", 1)[1].split()
+                head, tail = (thread / "stat").read_text().rsplit(")", 1)
+                fields = tail.split()
                 status = (thread / "status").read_text()
                 switches = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
-                counters[f"{stat.parent.name}/{thread.name}"] = (
+                kind = ("main" if thread.name == stat.parent.name  # named as the process
+                        else _NUMBERED.sub("_*", head.split("(", 1)[1]))
+                counters[(f"{stat.parent.name}/{thread.name}", kind)] = (
                     int(fields[11]) + int(fields[12]), switches)
         except (OSError, IndexError):  # ended while we looked
             continue
@@ -129,15 +138,21 @@ class Sampler:
         while not self._stop.wait(0.2):
             self._last.update(_thread_counters(self._group))
 
-    def totals(self) -> tuple[float, int]:
-        """CPU seconds and voluntary switches since the start."""
+    def totals(self) -> tuple[float, int, dict[str, float]]:
+        """CPU seconds and voluntary switches since the start, and the CPU seconds by
+        thread kind."""
         self._stop.set()
         self._thread.join()
         self._last.update(_thread_counters(self._group))
-        ticks = sum(cpu - self._first.get(key, (0, 0))[0] for key, (cpu, _) in self._last.items())
-        switches = sum(count - self._first.get(key, (0, 0))[1]
-                       for key, (_, count) in self._last.items())
-        return ticks / os.sysconf("SC_CLK_TCK"), switches
+        ticks: dict[str, int] = {}
+        switches = 0
+        for key, (cpu, count) in self._last.items():
+            first_cpu, first_count = self._first.get(key, (0, 0))
+            ticks[key[1]] = ticks.get(key[1], 0) + cpu - first_cpu
+            switches += count - first_count
+        hertz = os.sysconf("SC_CLK_TCK")
+        by_kind = {kind: tick / hertz for kind, tick in ticks.items()}
+        return sum(by_kind.values()), switches, by_kind
 
 
 def main() -> None:
@@ -166,7 +181,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 round_of(one, args.streams)
             seconds = time.perf_counter() - started
-            cpu, switches = sampler.totals()
+            cpu, switches, by_kind = sampler.totals()
         finally:
             children.kill_all()
     tokens = args.rounds * args.streams * args.tokens
@@ -174,6 +189,10 @@ def main() -> None:
           f"{cpu * 1000 / tokens:.3f} CPU-ms and {switches / tokens:.2f} voluntary switches "
           f"per token ({cpu:.2f} CPU-s, {switches} switches, {tokens} tokens in {seconds:.1f} s; "
           f"load average {os.getloadavg()[0]:.1f})")
+    for kind, seconds in sorted(by_kind.items(), key=lambda item: -item[1]):
+        if seconds:
+            print(f"  {kind:16} {seconds * 1000 / tokens:.3f} CPU-ms per token "
+                  f"({seconds / cpu:.0%})")
 
 
 if __name__ == "__main__":
