@@ -13,7 +13,7 @@ streams (`background: false, stream: true`, read to the end as `bench.upstream` 
 them) per round. Printed: the CPU time (user + system) and the voluntary context
 switches of every thread of the `taskward run` process group, from /proc, per
 generated token over the rounds, in all and by thread (each taskward thread names
-itself for the kernel, `core.threads`; numbered pool threads are summed as one kind:
+itself for the kernel, `core.thread_names`; numbered pool threads are summed as one kind:
 `runner_*`). A thread that ends during the rounds (an attempt's engine thread) takes
 its switches with it, so the counters are sampled every 0.2 s and summed per thread.
 """

@@ -43,7 +43,7 @@ from sqlalchemy import Row
 from core.states import TERMINAL, Status
 from core.store.database import EVENTS_CHANNEL, Database, Logged, LoggedEvent
 from core.store.tasks import get_task, log_positions
-from core.threads import named_thread
+from core.thread_names import named_thread
 from handlers.threads import blocking
 
 log = logging.getLogger("taskward.live")

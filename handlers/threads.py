@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from core.store.database import Database
-from core.threads import name_pool_thread
+from core.thread_names import name_pool_thread
 
 P = ParamSpec("P")
 T = TypeVar("T")

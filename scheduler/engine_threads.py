@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from core.threads import named_thread
+from core.thread_names import named_thread
 
 _IDLE_NAME = "engine-idle"
 

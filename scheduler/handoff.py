@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from core.threads import named_thread
+from core.thread_names import named_thread
 
 log = logging.getLogger(__name__)
 

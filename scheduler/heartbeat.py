@@ -19,7 +19,7 @@ from core.errors import LeaseLost
 from core.states import Status
 from core.store import worker_writes
 from core.store.database import Database
-from core.threads import named_thread
+from core.thread_names import named_thread
 from scheduler.attempt import Attempt, StopReason
 
 log = logging.getLogger(__name__)

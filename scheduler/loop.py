@@ -45,7 +45,7 @@ import threading
 
 from core.settings import Settings
 from core.store.database import WORK_CHANNEL, Database
-from core.threads import named_thread
+from core.thread_names import named_thread
 from scheduler.timer import MaintenanceTimer
 from scheduler.workers import Workers
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from core.clock import Clock
 from core.cron import next_slot, parse_cron
-from core.threads import named_thread
+from core.thread_names import named_thread
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from core.engines.upstream.routing import ROUTER
 from core.settings import Settings
 from core.store import claims
 from core.store.database import Database
-from core.threads import name_pool_thread
+from core.thread_names import name_pool_thread
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
 from scheduler.flush_group import FlushGroup

@@ -39,7 +39,7 @@ from core.engines.host_lock import HostLock
 from core.engines.llama_native import llama_cpp
 from core.engines.llama_sampling import PENALTY_LAST_N, Sampling
 from core.engines.llama_text import Utf8Pieces
-from core.threads import named_thread
+from core.thread_names import named_thread
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 import psycopg
 from sqlalchemy.engine import URL
 
-from core.threads import named_thread
+from core.thread_names import named_thread
 
 log = logging.getLogger(__name__)
 

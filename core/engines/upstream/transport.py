@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import httpx
 
 from core.engines.upstream.network import asyncio_transport
-from core.threads import named_thread
+from core.thread_names import named_thread
 
 _lock = threading.Lock()
 _transport: _Transport | None = None

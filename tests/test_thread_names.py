@@ -1,4 +1,4 @@
-"""Threads named for the kernel (`core.threads`): what `top -H` and /proc show."""
+"""Threads named for the kernel (`core.thread_names`): what `top -H` and /proc show."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from core.threads import name_pool_thread, named_thread
+from core.thread_names import name_pool_thread, named_thread
 
 
 def _kernel_name() -> str:
