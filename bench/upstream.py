@@ -304,7 +304,7 @@ def write_load(database: Path, span: Round, committed: commits.Commits | None) -
             f"per token, {low / seconds:.1f}-{high / seconds:.1f}/s")
 
 
-def _group_stats(group: int, *, besides: int | None = None) -> list[tuple[Path, list[str]]]:
+def group_stats(group: int, *, besides: int | None = None) -> list[tuple[Path, list[str]]]:
     """Each live process of process group `group` but `besides` (a tracer): its /proc
     folder and its stat fields after the command name."""
     found = []
@@ -325,7 +325,7 @@ def cpu_seconds(group: int, *, besides: int | None = None) -> float:
     but for process `besides` (a tracer)."""
     tick = os.sysconf("SC_CLK_TCK")
     return sum(int(fields[11]) + int(fields[12])
-               for _, fields in _group_stats(group, besides=besides)) / tick
+               for _, fields in group_stats(group, besides=besides)) / tick
 
 
 def start_server(folder: Path, *, parallel: int, threads: int,
@@ -353,7 +353,7 @@ def deprioritise(group: int, *, niceness: int, idle: bool) -> None:
     only on a core nothing else wants, and never preempting what runs there). Linux
     keeps both per thread and a new thread takes its creator's, so threads started
     later (an attempt's engine thread) inherit them."""
-    for folder, _ in _group_stats(group):
+    for folder, _ in group_stats(group):
         for thread in (folder / "task").iterdir():
             try:
                 if idle:
@@ -456,7 +456,7 @@ def main() -> None:
             committed = None  # in `last`, the last round at the top level
             if trace:
                 files = commits.SyncFiles.read(  # while the processes still run
-                    [folder for folder, _ in _group_stats(running.process.pid,
+                    [folder for folder, _ in group_stats(running.process.pid,
                                                           besides=tracer)],
                     (root / "taskward.db").resolve())
                 commits.stop(running.process)  # its last lines written out

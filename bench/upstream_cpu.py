@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.upstream import MODEL, pooled_client, round_of, through_taskward
+from bench.upstream import MODEL, group_stats, pooled_client, round_of, through_taskward
 from tests.scheduler.processes import Children, run_command, run_json
 from tests.service.running import Runs, run_env
 
@@ -105,18 +105,16 @@ def _thread_counters(group: int) -> dict[tuple[str, str], tuple[int, int]]:
     """CPU ticks and voluntary switches of every live thread of process group `group`,
     by (pid/tid, the thread's kind: its kernel name, numbering dropped, or `main`)."""
     counters: dict[tuple[str, str], tuple[int, int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for process, _ in group_stats(group):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != group:
-                continue
-            for thread in (stat.parent / "task").iterdir():
+            for thread in (process / "task").iterdir():
                 head, tail = (thread / "stat").read_text().rsplit(")", 1)
                 fields = tail.split()
                 status = (thread / "status").read_text()
                 switches = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
-                kind = ("main" if thread.name == stat.parent.name  # named as the process
+                kind = ("main" if thread.name == process.name  # named as the process
                         else _NUMBERED.sub("_*", head.split("(", 1)[1]))
-                counters[(f"{stat.parent.name}/{thread.name}", kind)] = (
+                counters[(f"{process.name}/{thread.name}", kind)] = (
                     int(fields[11]) + int(fields[12]), switches)
         except (OSError, IndexError):  # ended while we looked
             continue
