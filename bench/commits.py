@@ -64,6 +64,7 @@ class SyncFiles:
 
     kinds: dict[int, dict[int, str | None]]  # process id -> descriptor -> _WAL, _MAIN, None
     process_of: dict[int, int]  # thread id -> process id
+    agreed: dict[int, str | None]  # descriptor -> what it is in every process that has it
 
     @classmethod
     def read(cls, processes: list[Path], database: Path) -> SyncFiles:
@@ -75,14 +76,17 @@ class SyncFiles:
                  for process in processes}
         process_of = {thread: int(process.name)
                       for process in processes for thread in _threads(process)}
-        return cls(kinds, process_of)
+        seen: dict[int, set[str | None]] = {}
+        for descriptors in kinds.values():
+            for fd, kind in descriptors.items():
+                seen.setdefault(fd, set()).add(kind)
+        agreed = {fd: next(iter(found)) if len(found) == 1 else None
+                  for fd, found in seen.items()}
+        return cls(kinds, process_of, agreed)
 
     def kind(self, thread: int, fd: int) -> str | None:
         own = self.kinds.get(self.process_of.get(thread, -1), {})
-        if fd in own:
-            return own[fd]
-        agreed = {descriptors[fd] for descriptors in self.kinds.values() if fd in descriptors}
-        return agreed.pop() if len(agreed) == 1 else None
+        return own[fd] if fd in own else self.agreed.get(fd)
 
 
 @dataclass(frozen=True)
