@@ -28,6 +28,7 @@ import re
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from bench.upstream import MODEL, group_stats, pooled_client, round_of, through_taskward
@@ -136,21 +137,19 @@ class Sampler:
         while not self._stop.wait(0.2):
             self._last.update(_thread_counters(self._group))
 
-    def totals(self) -> tuple[float, int, dict[str, float]]:
-        """CPU seconds and voluntary switches since the start, and the CPU seconds by
-        thread kind."""
+    def totals(self) -> dict[str, tuple[float, int]]:
+        """CPU seconds and voluntary switches since the start, by thread kind."""
         self._stop.set()
         self._thread.join()
         self._last.update(_thread_counters(self._group))
-        ticks: dict[str, int] = {}
-        switches = 0
+        ticks: Counter[str] = Counter()
+        switches: Counter[str] = Counter()
         for key, (cpu, count) in self._last.items():
             first_cpu, first_count = self._first.get(key, (0, 0))
-            ticks[key[1]] = ticks.get(key[1], 0) + cpu - first_cpu
-            switches += count - first_count
+            ticks[key[1]] += cpu - first_cpu
+            switches[key[1]] += count - first_count
         hertz = os.sysconf("SC_CLK_TCK")
-        by_kind = {kind: tick / hertz for kind, tick in ticks.items()}
-        return sum(by_kind.values()), switches, by_kind
+        return {kind: (ticks[kind] / hertz, switches[kind]) for kind in ticks}
 
 
 def main() -> None:
@@ -179,18 +178,20 @@ def main() -> None:
             for _ in range(args.rounds):
                 round_of(one, args.streams)
             seconds = time.perf_counter() - started
-            cpu, switches, by_kind = sampler.totals()
+            by_kind = sampler.totals()
         finally:
             children.kill_all()
     tokens = args.rounds * args.streams * args.tokens
+    cpu = sum(seconds for seconds, _ in by_kind.values())
+    switches = sum(count for _, count in by_kind.values())
     print(f"taskward at {args.streams} streams, {args.rate:.0f} tokens/s per slot: "
           f"{cpu * 1000 / tokens:.3f} CPU-ms and {switches / tokens:.2f} voluntary switches "
           f"per token ({cpu:.2f} CPU-s, {switches} switches, {tokens} tokens in {seconds:.1f} s; "
           f"load average {os.getloadavg()[0]:.1f})")
-    for kind, seconds in sorted(by_kind.items(), key=lambda item: -item[1]):
-        if seconds:
+    for kind, (seconds, count) in sorted(by_kind.items(), key=lambda item: -item[1][0]):
+        if seconds or count:
             print(f"  {kind:16} {seconds * 1000 / tokens:.3f} CPU-ms per token "
-                  f"({seconds / cpu:.0%})")
+                  f"({seconds / cpu:.0%}), {count / tokens:.2f} voluntary switches")
 
 
 if __name__ == "__main__":
