@@ -105,12 +105,13 @@ def dsn(url: str) -> str:
 @dataclass
 class Timeline:
     """Per job: when its work started and when its finish was stamped (epoch s), and
-    how many times it was executed; per worker process, its spawn and first start."""
+    how many times it was executed; per worker process (by its index among the
+    workers started), when its first job started."""
 
     starts: dict[str, float]
     finishes: dict[str, float]
     executions: Counter[str]
-    first_start_ms: list[float]
+    first_starts: dict[int, float]
 
 
 class Peer:
@@ -142,12 +143,12 @@ class Peer:
         self._step(url, "fill", "--count", str(count))
 
     @contextmanager
-    def workers(self, url: str, count: int, slots: int, logs: Path) -> Iterator[list[float]]:
+    def workers(self, url: str, count: int, slots: int, logs: Path) -> Iterator[list[Child]]:
         commands = [(self._argv(url, "worker", "--slots", str(slots),
                                 "--log", str(logs / f"{self.name}-executions-{i}")),
                      {**os.environ, "PYTHONPATH": str(ROOT)}) for i in range(count)]
         with processes(commands, logs, f"{self.name}-worker") as children:
-            yield [child.spawned_at for child in children]
+            yield children
 
     def enqueue(self, url: str, producers: int, seconds: float, logs: Path) -> dict[str, Any]:
         result: dict[str, Any] = self._step(url, "enqueue", "--producers", str(producers),
@@ -166,11 +167,11 @@ class Peer:
         table = "procrastinate_jobs" if "procrastinate" in self._module else "pgqueuer"
         return int(rows(url, f"SELECT count(*) FROM {table}")[0][0])
 
-    def timeline(self, url: str, logs: Path, spawned: list[float]) -> Timeline:
+    def timeline(self, url: str, logs: Path, workers: int) -> Timeline:
         starts: dict[str, float] = {}
         executions: Counter[str] = Counter()
-        first: list[float] = []
-        for i, spawn in enumerate(spawned):
+        first: dict[int, float] = {}
+        for i in range(workers):
             path = logs / f"{self.name}-executions-{i}"
             lines = path.read_text().split() if path.exists() else []
             pairs = list(zip(lines[::2], map(float, lines[1::2]), strict=True))
@@ -178,7 +179,7 @@ class Peer:
                 executions[job_id] += 1
                 starts.setdefault(job_id, began)
             if pairs:
-                first.append((min(b for _, b in pairs) - spawn) * 1000)
+                first[i] = min(b for _, b in pairs)
         finishes = {str(job): float(at) for job, at in rows(url, self._finished_sql)}
         return Timeline(starts, finishes, executions, first)
 
@@ -249,12 +250,12 @@ class Taskward:
             db.dispose()
 
     @contextmanager
-    def workers(self, url: str, count: int, slots: int, logs: Path) -> Iterator[list[float]]:
+    def workers(self, url: str, count: int, slots: int, logs: Path) -> Iterator[list[Child]]:
         commands = [([TASKWARD, "sweeper"],
                      self._env(url, worker_concurrency=slots, node_id=f"bench-{i}"))
                     for i in range(count)]
         with processes(commands, logs, f"{self.name}-sweeper") as children:
-            yield [child.spawned_at for child in children]
+            yield children
 
     @contextmanager
     def _api(self, url: str, logs: Path, *, with_sweeper: bool = False) -> Iterator[int]:
@@ -290,7 +291,7 @@ class Taskward:
     def stored(self, url: str) -> int:
         return int(rows(url, "SELECT count(*) FROM tasks")[0][0])
 
-    def timeline(self, url: str, logs: Path, spawned: list[float]) -> Timeline:
+    def timeline(self, url: str, logs: Path, workers: int) -> Timeline:
         events = rows(url, "SELECT e.task_id, e.type, e.created_at, t.node_id "
                            "FROM task_events e JOIN tasks t ON t.id = e.task_id "
                            "WHERE e.type IN ('response.loading', 'response.completed')")
@@ -306,8 +307,8 @@ class Taskward:
                 first_by_node[node_id] = min(at, first_by_node.get(node_id, at))
             else:
                 finishes[task_id] = at
-        first = [(first_by_node[f"bench-{i}"] - spawn) * 1000
-                 for i, spawn in enumerate(spawned) if f"bench-{i}" in first_by_node]
+        first = {i: first_by_node[f"bench-{i}"] for i in range(workers)
+                 if f"bench-{i}" in first_by_node}
         return Timeline(starts, finishes, executions, first)
 
 

@@ -6,8 +6,10 @@ The peers are installed by this script into their own virtualenv under
 `~/.cache/taskward/bench-peers/` (never into taskward's), and driven by our own code
 (`bench/peer_drivers/`). Every system gets a fresh private database per workload:
 - drain: `--jobs` no-op jobs bulk-inserted, `ANALYZE`, then 2 worker processes × 16
-  slots started; jobs/s from the first job's start to the last finish, and each
-  process's time from spawn to its first job (taskward: `taskward sweeper`);
+  slots started; jobs/s from the first job's start to the last finish, each
+  process's time from spawn to its first job (taskward: `taskward sweeper`), and the
+  CPU per job of the worker processes (each from its first job to the last finish)
+  and of their PostgreSQL backends (from /proc);
 - enqueue: 8 concurrent producers, one job per call, for `--seconds` (taskward: HTTP
   `POST /v1/responses` against `taskward serve`, one worker process as by default,
   `--serve-workers` to change it); jobs/s and the
@@ -31,11 +33,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from sqlalchemy.engine import make_url
 
 from bench.peer_systems import (
     ROOT,
@@ -48,6 +53,7 @@ from bench.peer_systems import (
 )
 from bench.startup import Checkout, compile_sources
 from bench.store import raw_pg_rate
+from bench.sweeper_cpu import cpu_seconds, server_cpu
 from tests.databases import private_pg_database
 from tests.scheduler.processes import wait_until
 
@@ -60,6 +66,9 @@ WORKERS, SLOTS, PRODUCERS, RATE = 2, 16, 8, 100.0
 # from the drain it watched on this 2-core box. The figures come from the jobs' own
 # timestamps, so a slower poll changes none of them.
 _POLL_SECONDS = 0.25
+# How often the drain's worker processes' CPU is read (two /proc reads): a worker's CPU
+# is cut at its first job to within this.
+_CPU_SAMPLE_SECONDS = 0.01
 
 
 class System(Protocol):
@@ -74,7 +83,7 @@ class System(Protocol):
               logs: Path) -> list[tuple[str, float]]: ...
     def finished(self, url: str) -> int: ...
     def stored(self, url: str) -> int: ...
-    def timeline(self, url: str, logs: Path, spawned: list[float]) -> Timeline: ...
+    def timeline(self, url: str, logs: Path, workers: int) -> Timeline: ...
 
 
 def peer_python() -> Path:
@@ -104,6 +113,8 @@ class Figures:
     """One system's figures over the rounds (each list: one value per round)."""
 
     drain: list[float] = field(default_factory=list)
+    # CPU ms per drained job: of the worker processes, of their PostgreSQL backends.
+    drain_cpu_ms: list[tuple[float, float]] = field(default_factory=list)
     first_claim_ms: list[float] = field(default_factory=list)
     enqueue: list[float] = field(default_factory=list)
     ack_ms: list[tuple[float, float]] = field(default_factory=list)
@@ -127,21 +138,81 @@ def exactly_once(name: str, timeline: Timeline, expected: set[str] | int) -> lis
     return problems
 
 
+class CpuSamples:
+    """The CPU seconds of some processes, stamped with the wall clock every
+    `_CPU_SAMPLE_SECONDS` on a thread of the bench, so that a worker's CPU can be cut at
+    its first job (the timeline's epochs): its start-up is the start-up figure's, not
+    the drain's."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self._pids = pids
+        self.samples: list[tuple[float, list[float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSamples:
+        self._take()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._take()
+
+    def _run(self) -> None:
+        while not self._stop.wait(_CPU_SAMPLE_SECONDS):
+            self._take()
+
+    def _take(self) -> None:
+        last = self.samples[-1][1] if self.samples else [0.0] * len(self._pids)
+        self.samples.append((time.time(), [_cpu_or(pid, was) for pid, was
+                                           in zip(self._pids, last, strict=True)]))
+
+    def between(self, index: int, start: float, end: float) -> float:
+        """Process `index`'s CPU seconds from the last sample at or before `start` to the
+        first at or after `end` (at most one sample period more than the span; the last
+        sample, taken on leaving, is after any job's end)."""
+        before = [cpu[index] for at, cpu in self.samples if at <= start]
+        after = [cpu[index] for at, cpu in self.samples if at >= end]
+        return after[0] - (before[-1] if before else self.samples[0][1][index])
+
+
+def _cpu_or(pid: int, was: float) -> float:
+    """The process's CPU seconds, or `was` once it has ended (a worker that crashed:
+    `exactly_once` reports what it left undone)."""
+    try:
+        return cpu_seconds(pid)
+    except OSError:
+        return was
+
+
 def drain(system: System, workdir: Path, jobs: int, figures: Figures) -> None:
     logs = workdir / f"logs-{system.name}-drain-{time.time_ns()}"
     logs.mkdir()
     with system.database(workdir) as url:
         system.fill(url, jobs)
         analyze(url)
-        with system.workers(url, WORKERS, SLOTS, logs) as spawned:
+        database = make_url(url).database or ""
+        served = server_cpu(database)  # none of the workers' yet
+        with system.workers(url, WORKERS, SLOTS, logs) as children, \
+                CpuSamples([child.process.pid for child in children]) as samples:
             wait_until(lambda: system.finished(url) >= jobs, timeout=900,
                        what=f"{system.name} drained", every=_POLL_SECONDS)
             time.sleep(0.3)  # a repeated execution would show up now
-        timeline = system.timeline(url, logs, spawned)
+            serving = server_cpu(database)
+        timeline = system.timeline(url, logs, len(children))
     figures.problems += exactly_once(system.name, timeline, jobs)
-    span = max(timeline.finishes.values()) - min(timeline.starts.values())
+    last = max(timeline.finishes.values())
+    span = last - min(timeline.starts.values())
     figures.drain.append(jobs / span)
-    figures.first_claim_ms.append(max(timeline.first_start_ms, default=float("nan")))
+    figures.first_claim_ms.append(max(
+        ((at - children[i].spawned_at) * 1000 for i, at in timeline.first_starts.items()),
+        default=float("nan")))
+    workers = sum(samples.between(i, at, last) for i, at in timeline.first_starts.items())
+    # The backends from their connections on: a few ms each, against seconds of drain.
+    server = sum(cpu - served.get(pid, 0.0) for pid, cpu in serving.items())
+    figures.drain_cpu_ms.append((1000 * workers / jobs, 1000 * server / jobs))
 
 
 def enqueue(system: System, workdir: Path, seconds: float, figures: Figures) -> None:
@@ -162,14 +233,14 @@ def latency(system: System, workdir: Path, count: int, figures: Figures) -> None
     logs = workdir / f"logs-{system.name}-latency-{time.time_ns()}"
     logs.mkdir()
     with system.database(workdir) as url:
-        with system.workers(url, WORKERS, SLOTS, logs) as spawned:
+        with system.workers(url, WORKERS, SLOTS, logs) as children:
             warm = system.paced(url, RATE, 20, logs)  # start-up is the drain's figure
             sent = system.paced(url, RATE, count, logs)
             total = len(warm) + len(sent)
             wait_until(lambda: system.finished(url) >= total, timeout=120,
                        what=f"{system.name} finished the paced jobs", every=_POLL_SECONDS)
             time.sleep(0.3)
-        timeline = system.timeline(url, logs, spawned)
+        timeline = system.timeline(url, logs, len(children))
     figures.problems += exactly_once(system.name, timeline,
                                      {job for job, _ in warm + sent})
     figures.pickup_ms.append(_quantiles([(timeline.starts[j] - t0) * 1000 for j, t0 in sent]))
@@ -221,6 +292,21 @@ def table(results: dict[str, Figures]) -> list[str]:
     return lines
 
 
+def drain_cpu_lines(results: dict[str, Figures]) -> list[str]:
+    """Each system's CPU per drained job, medians over the rounds: unlike the rate, it
+    hardly moves with what else the machine does, and it says which side bounds the
+    drain on these two cores."""
+    lines = []
+    for name, f in results.items():
+        if f.drain_cpu_ms:
+            workers = median([w for w, _ in f.drain_cpu_ms])
+            server = median([d for _, d in f.drain_cpu_ms])
+            lines.append(f"{name}: drain CPU per job {workers:.3f} ms in the workers"
+                         + (f" + {server:.3f} in PostgreSQL = {workers + server:.3f}"
+                            if server else ""))
+    return lines
+
+
 def ratio_lines(results: dict[str, Figures], ours: str, peers: list[str],
                 ceiling: float | None) -> list[str]:
     mine = results[ours]
@@ -260,7 +346,7 @@ def postgres_section(pg: list[System], workdir: Path, args: argparse.Namespace) 
                          extra=lambda _r: ceilings.append(raw_ceiling()))
     print(f"\nPostgreSQL, medians of {args.rounds} round(s); raw one-row commits "
           f"{median(ceilings):,.0f}/s in the same run")
-    print("\n".join(table(results)))
+    print("\n".join(table(results) + drain_cpu_lines(results)))
     if "taskward" in results:
         print("\n".join(ratio_lines(results, "taskward", ["pgqueuer", "procrastinate"],
                                     median(ceilings))))
@@ -278,7 +364,7 @@ def sqlite_section(workdir: Path, args: argparse.Namespace) -> list[Figures]:
         bare.ack_ms.append(_quantiles([x * 1000 for x in result["latencies"]]))
     print(f"\nSQLite: taskward alone (`taskward run` for latency), beside a bare Litestar "
           f"POST handler served the same way ({args.sqlite_workers} granian worker(s))")
-    print("\n".join(table(results)))
+    print("\n".join(table(results) + drain_cpu_lines(results)))
     ours = median(results["taskward-sqlite"].enqueue)
     print(f"taskward-sqlite POST / bare Litestar POST: {times(ours / median(bare.enqueue))}")
     return list(results.values())
