@@ -23,6 +23,7 @@ import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 # `2369015.199 ( 0.285 ms): python/23397 fdatasync(fd: 5)   = 0`: monotonic ms, thread id
@@ -64,7 +65,6 @@ class SyncFiles:
 
     kinds: dict[int, dict[int, str | None]]  # process id -> descriptor -> _WAL, _MAIN, None
     process_of: dict[int, int]  # thread id -> process id
-    agreed: dict[int, str | None]  # descriptor -> what it is in every process that has it
 
     @classmethod
     def read(cls, processes: list[Path], database: Path) -> SyncFiles:
@@ -76,13 +76,18 @@ class SyncFiles:
                  for process in processes}
         process_of = {thread: int(process.name)
                       for process in processes for thread in _threads(process)}
+        return cls(kinds, process_of)
+
+    @cached_property
+    def agreed(self) -> dict[int, str | None]:
+        """Descriptor -> what it is in every process that has it open (None where they
+        differ), worked out once for all the syncs a trace holds."""
         seen: dict[int, set[str | None]] = {}
-        for descriptors in kinds.values():
+        for descriptors in self.kinds.values():
             for fd, kind in descriptors.items():
                 seen.setdefault(fd, set()).add(kind)
-        agreed = {fd: next(iter(found)) if len(found) == 1 else None
-                  for fd, found in seen.items()}
-        return cls(kinds, process_of, agreed)
+        return {fd: next(iter(found)) if len(found) == 1 else None
+                for fd, found in seen.items()}
 
     def kind(self, thread: int, fd: int) -> str | None:
         own = self.kinds.get(self.process_of.get(thread, -1), {})

@@ -182,16 +182,16 @@ def main() -> None:
         finally:
             children.kill_all()
     tokens = args.rounds * args.streams * args.tokens
-    cpu = sum(seconds for seconds, _ in by_kind.values())
+    cpu = sum(kind_cpu for kind_cpu, _ in by_kind.values())
     switches = sum(count for _, count in by_kind.values())
     print(f"taskward at {args.streams} streams, {args.rate:.0f} tokens/s per slot: "
           f"{cpu * 1000 / tokens:.3f} CPU-ms and {switches / tokens:.2f} voluntary switches "
           f"per token ({cpu:.2f} CPU-s, {switches} switches, {tokens} tokens in {seconds:.1f} s; "
           f"load average {os.getloadavg()[0]:.1f})")
-    for kind, (seconds, count) in sorted(by_kind.items(), key=lambda item: -item[1][0]):
-        if seconds or count:
-            print(f"  {kind:16} {seconds * 1000 / tokens:.3f} CPU-ms per token "
-                  f"({seconds / cpu:.0%}), {count / tokens:.2f} voluntary switches")
+    for kind, (kind_cpu, count) in sorted(by_kind.items(), key=lambda item: -item[1][0]):
+        if kind_cpu or count:
+            print(f"  {kind:16} {kind_cpu * 1000 / tokens:.3f} CPU-ms per token "
+                  f"({kind_cpu / cpu:.0%}), {count / tokens:.2f} voluntary switches")
 
 
 if __name__ == "__main__":
