@@ -161,6 +161,10 @@ def event_object(
     """`{seq, type, created_at, data}`; `data` is the event JSON clients stream. Only a
     lifecycle event (`LIFECYCLE_STATUS`) embeds the response object, so the others
     need no task (None): a stream builds them from the rows its process just logged.
+    Before the end, that object shows the event's status and what the task was created
+    with, never its output, usage or current state, so any record of the task will do
+    and `response` may be None; a terminal event's shows the final output and usage,
+    so it needs the response as stored.
 
     Shaped for OpenAI's SDKs, which parse `data` into their typed events:
     - an event's `error` (the failure of `response.failed`, the cause of a retry's
@@ -179,8 +183,8 @@ def event_object(
     error = own.pop("error", None)
     status = LIFECYCLE_STATUS.get(event.type)
     if status is not None:
-        if task is None:
-            raise ValueError(f"a {event.type} event embeds the response: it needs the task")
+        if task is None or (response is None and status in TERMINAL):
+            raise ValueError(f"a {event.type} event embeds the response as stored")
         data["response"] = response_object(task, response, status=status, error=error)
         if event.type != "response.created":
             data["response"]["instructions"] = None

@@ -11,21 +11,21 @@ past a waiter: most polls find nothing (this process's own commits have woken th
 waiters already), and each one taken through the store pool cost the loop a hop out
 and back besides the query (docs/benchmarks.md, "the sixth wave").
 
-Events logged by this very process (`taskward run`: its sweeper's output, completions,
-failures; `Database.write_events`) do not wait for the tick: once their transaction
-has committed, the waiters of that task are woken at once, without a poll. Such a wake
-may be spurious (the waiter's last read already held those events); its caller reads
-again and waits again. Waking at the commit, and only after it, matters: SQLAlchemy's
-`commit` event comes before the commit, and a poll run at it found the old log and
-then slept a whole tick (docs/benchmarks.md).
+Events logged by this very process (`taskward run`: its sweeper's claims, starts,
+output, retries, completions, failures; `Database.write_events`) do not wait for the
+tick: once their transaction has committed, the waiters of that task are woken at once,
+without a poll. Such a wake may be spurious (the waiter's last read already held those
+events); its caller reads again and waits again. Waking at the commit, and only after
+it, matters: SQLAlchemy's `commit` event comes before the commit, and a poll run at it
+found the old log and then slept a whole tick (docs/benchmarks.md).
 
-Such a commit also says which rows it logged when its writer named them (a worker's
-output, `core.store.database.logged`). A waiter whose log they continue exactly (the
-first is `seen_seq + 1`, and so on without a gap) is handed them and need not read the
-log: an SSE stream sends them as they are. Anything else wakes it to read: a poll, a
-commit that named no rows, one that leaves a gap (another writer's commit whose news
-is still on its way), or one heard after the waiter was already handed rows it does not
-continue. A commit whose rows the waiter has already seen wakes nobody.
+Such a commit also says which rows it logged (`core.store.database.logged`). A waiter
+whose log they continue exactly (the first is `seen_seq + 1`, and so on without a gap)
+is handed them and need not read the log: an SSE stream sends them as they are. Anything
+else wakes it to read: a poll, a commit that named no rows (a completion on
+PostgreSQL), one that leaves a gap (another writer's commit whose news is still on its
+way), or one heard after the waiter was already handed rows it does not continue. A
+commit whose rows the waiter has already seen wakes nobody.
 """
 
 from __future__ import annotations

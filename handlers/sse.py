@@ -5,9 +5,10 @@ sends `: ping` plus a blank line, which some clients (OpenAI's SDK) parse as an 
 event and crash on. Our keep-alive is a bare comment line. A stream replays the stored
 events after the resume point, then follows the live tail, and ends right after the
 terminal event, so a client that reads to the end has seen the whole life of the task.
-A page of the events a worker of this very process has just committed (its output, in
-`taskward run`) comes from the live tail's memory rather than the store when the stream
-holds everything before them (`LiveTail.next_events`, `logged_page`).
+A page of the events a worker of this very process has just committed (its claim, start
+and output, in `taskward run`) comes from the live tail's memory rather than the store
+when the stream holds everything before them (`LiveTail.next_events`, `logged_page`);
+only a terminal event, whose response object shows the final output, is read.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
 from core.errors import NotFound
-from core.objects import LIFECYCLE_STATUS, TERMINAL_EVENTS, event_object
+from core.objects import TERMINAL_EVENTS, Record, event_object
 from core.states import TERMINAL, Status
 from core.store.database import Database, LoggedEvent
 from core.store.tasks import task_and_events
@@ -53,6 +54,7 @@ class EventsPage:
     events: list[dict[str, Any]]
     finished: bool  # the task is terminal: its log will not grow
     last_seq: int
+    task: Record  # as read with the page: what a later lifecycle event shows of it
 
     def next_after(self, after: int) -> int | None:
         """Where the next page starts; None once a finished task's log is exhausted."""
@@ -66,17 +68,19 @@ def read_events_page(
     """Events after `after` of a task `owner` may see (None: any), as public objects."""
     task, rows = task_and_events(db, task_id, owner, after=after, limit=limit)
     return EventsPage([event_object(task, task, row) for row in rows],
-                      Status(task.status) in TERMINAL, task.last_seq)
+                      Status(task.status) in TERMINAL, task.last_seq, task)
 
 
-def logged_page(events: Sequence[LoggedEvent]) -> EventsPage | None:
-    """The page of `events` just committed by this process, built from their rows; None
-    (read the log) when there are none or one embeds the response object, whose state
+def logged_page(events: Sequence[LoggedEvent], task: Record) -> EventsPage | None:
+    """The page of `events` just committed by this process, built from their rows and
+    `task` as the stream last read it (a lifecycle event before the end shows only what
+    the task was created with: `event_object`); None (read the log) when there are none
+    or one is terminal, whose response object shows the final output and usage, which
     the rows do not hold. Not `finished`: a terminal event ends the stream by itself."""
-    if not events or any(event.type in LIFECYCLE_STATUS for event in events):
+    if not events or any(event.type in TERMINAL_EVENTS for event in events):
         return None
-    return EventsPage([event_object(None, None, event) for event in events], False,
-                      events[-1].seq)
+    return EventsPage([event_object(task, None, event) for event in events], False,
+                      events[-1].seq, task)
 
 
 def frame(event: dict[str, Any]) -> bytes:
@@ -153,7 +157,7 @@ async def _frames(
             if not await still_allowed():
                 return
             checked_at = loop.time()
-        from_memory = logged_page(heard)
+        from_memory = logged_page(heard, page.task)
         if from_memory is not None:
             page = from_memory
             continue

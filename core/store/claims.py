@@ -9,7 +9,7 @@ bounds admit (`core.store.capacity`); all other tasks fill the local engine's sl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -20,10 +20,10 @@ from core.engines.base import Usage
 from core.ids import new_owner_token
 from core.states import DEAD_LETTER_ERROR, OnRestart, Status
 from core.store import capacity, pg_claims
-from core.store.database import Database
+from core.store.database import Database, logged
 from core.store.line import place_due
 from core.store.models import ModelEntry, entries
-from core.store.transitions import Add, Event, Held, IfNull, Locked, PerRow, move
+from core.store.transitions import Add, Event, Held, IfNull, Locked, PerRow, encoded, move
 from core.tables import IS_IN_LINE, IS_LEASED, responses, task_events, tasks
 
 # Whether the last claim through a `Database` found upstream models registered (before
@@ -83,9 +83,10 @@ def claim(
             db, now=now, limit=max(limit, 0), owner=owner, lease_until=now + lease_ms,
             node_id=node_id)
         _UPSTREAM_MODELS[db] = upstream_models
+        db.announce_committed_events((), _claim_events(rows, now))
         if not waiting and (rows or not (upstream_models and upstream_limit > 0)):
             return _local(rows, owner)
-    with db.write() as conn:
+    with db.write_events() as conn:
         now = db.clock.now_ms()
         owner = new_owner_token()
         local: list[Claim] = []
@@ -98,6 +99,7 @@ def claim(
                 conn, now=now, limit=max(limit, 0), owner=owner, lease_until=now + lease_ms,
                 node_id=node_id)
             _UPSTREAM_MODELS[db] = upstream_models
+            logged(conn, _claim_events(rows, now))
             local = _local(rows, owner)
             limits = capacity.upstream_limits(conn) if upstream_models and upstream_limit > 0 \
                 else {}
@@ -119,9 +121,8 @@ def claim(
         lease = {"owner_token": owner, "lease_expires_at": now + lease_ms, "node_id": node_id,
                  "attempts": Add(1), "started_at": IfNull(now), "error_code": None,
                  "error_message": None}
-        taken = _take(conn, now, resumable, Status.RUNNING, "response.in_progress", lease)
-        taken += _take(conn, now, queued, Status.LOADING, "response.loading",
-                       {**lease, "snapshot_json": None})
+        taken = _take(conn, now, resumable, Status.RUNNING, lease)
+        taken += _take(conn, now, queued, Status.LOADING, {**lease, "snapshot_json": None})
         if queued:
             reset_output(conn, [row.id for row, _ in taken if row.status == Status.LOADING], now)
         found = entries(conn, (candidate.model for _, candidate in taken))
@@ -206,8 +207,7 @@ def _candidates(
 
 
 def _take(
-    conn: Connection, now: int, candidates: list[Row[Any]], to: Status, event_type: str,
-    values: dict[str, Any],
+    conn: Connection, now: int, candidates: list[Row[Any]], to: Status, values: dict[str, Any],
 ) -> list[tuple[Row[Any], Row[Any]]]:
     """Claim the candidates whose attempts are left, dead-letter the others; returns
     (moved row, candidate row) pairs."""
@@ -221,12 +221,30 @@ def _take(
     if not fresh:
         return []
 
-    started = PerRow(1, lambda row: [Event(event_type, {"attempt": row.attempts})])
+    started = PerRow(1, lambda row: [_started(to, row.attempts)])
 
     moved = move(conn, now=now, expected={expected}, where=Locked(tuple(fresh)), to=to,
                  events=started, values=values)
     by_id = {row.id: row for row in moved}
     return [(by_id[i], c) for i, c in fresh.items() if i in by_id]
+
+
+def _started(to: Status, attempt: int) -> Event:
+    """The event a claim logs for a task it takes: `response.in_progress` when it
+    resumes a running one, else `response.loading`, with the attempt's number
+    (`core.store.pg_claims`' statement writes the same rows)."""
+    return Event("response.in_progress" if to is Status.RUNNING else "response.loading",
+                 {"attempt": attempt})
+
+
+def _claim_events(rows: list[Any], now: int) -> Iterator[dict[str, Any]]:
+    """The event rows `core.store.pg_claims`' statement logged for the tasks it took
+    (`rows`, as moved: each event is its task's last), named for the claim's
+    announcement, so that a stream of this process sends them without reading the log."""
+    for row in rows:
+        event = _started(Status(row.status), row.attempts)
+        yield {"task_id": row.id, "seq": row.last_seq, "type": event.type,
+               "created_at": now, "data": encoded(event.data)}
 
 
 def _claim(

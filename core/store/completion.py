@@ -67,7 +67,7 @@ def complete_all(db: Database, completions: Sequence[Completion]) -> list[Except
         for batch in _rounds(completions):
             _complete_alone(db, batch, failures)
     else:
-        with db.write_events([item.task_id for item in completions]) as conn:
+        with db.write_events() as conn:
             now = db.clock.now_ms()
             for batch in _rounds(completions):
                 _complete_batch(conn, now, batch, failures)

@@ -84,24 +84,27 @@ class Database:
         self._tell(heard)
 
     @contextmanager
-    def write_events(self, task_ids: Iterable[str]) -> Iterator[Connection]:
-        """`write` for a transaction that logs events of `task_ids`: once it has
-        committed, this process's `EVENTS_CHANNEL` listeners hear a `Logged` of each
-        id, with the rows the transaction named through `logged`. The live tail of an
-        API in the same process (`taskward run`) then sends the events at once instead
-        of at its next poll, from those rows when they are all its stream lacks.
-        `task_ids` is read once the body is done, so a body may name them as it goes
-        (`worker_writes.append_outputs` names only the writes whose fence held)."""
+    def write_events(self) -> Iterator[Connection]:
+        """`write` for a transaction that logs events: once it has committed, this
+        process's `EVENTS_CHANNEL` listeners hear a `Logged` of each task it logged
+        events of, with those rows (`logged`, which every insert of event rows calls:
+        `transitions.insert_events`, `output_flush.append_events`). The live tail of an
+        API in the same process (`taskward run`) then wakes its waiters at once instead
+        of at its next poll, and a stream that holds everything before the rows sends
+        them without reading the log. Nothing is named while nobody listens (a sweeper
+        on its own), so the rows cost nothing there; a transaction that logged nothing
+        (a fenced write, an exception) announces nothing."""
         with self.write() as conn:
-            rows: dict[str, list[LoggedEvent]] = {}
+            rows: dict[str, list[LoggedEvent]] | None = {} if self._hears_events() else None
             conn.info[_LOGGED] = rows
             try:
                 yield conn
             finally:
                 del conn.info[_LOGGED]
-            _heard_after_commit(conn).extend(
-                (EVENTS_CHANNEL, Logged(task_id, tuple(rows.get(task_id, ()))))
-                for task_id in task_ids)
+            if rows:
+                _heard_after_commit(conn).extend(
+                    (EVENTS_CHANNEL, Logged(task_id, tuple(logged_rows)))
+                    for task_id, logged_rows in rows.items())
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -168,11 +171,25 @@ class Database:
         whose own `pg_notify` told the other processes."""
         self._tell([(WORK_CHANNEL, "")])
 
-    def announce_committed_events(self, task_ids: Iterable[str]) -> None:
+    def announce_committed_events(
+        self, task_ids: Iterable[str], rows: Iterable[dict[str, Any]] = ()
+    ) -> None:
         """`write_events`' announcement for a statement that committed by itself
-        (`core.store.pg_completion.complete_alone`): this process's `EVENTS_CHANNEL`
-        listeners hear a `Logged` of each id that names no rows (they read the log)."""
-        self._tell([(EVENTS_CHANNEL, Logged(task_id, ())) for task_id in task_ids])
+        (`core.store.pg_claims`, `core.store.pg_completion`): this process's
+        `EVENTS_CHANNEL` listeners hear a `Logged` of each task of `rows` with its rows
+        (in order, gapless, as `logged` takes them), and of each of `task_ids` that has
+        none, naming no rows (they read the log). `rows` is not read while nobody
+        listens, so a generator of them costs nothing then."""
+        if not self._hears_events():
+            return
+        named = _named(rows)
+        self._tell([(EVENTS_CHANNEL, Logged(task_id, tuple(named.get(task_id, ()))))
+                    for task_id in dict.fromkeys([*named, *task_ids])])
+
+    def _hears_events(self) -> bool:
+        """Whether a listener of this process hears `EVENTS_CHANNEL` (`taskward run`'s
+        live tail)."""
+        return bool(self._listeners.get(EVENTS_CHANNEL))
 
     def _tell(self, heard: Iterable[tuple[str, Any]]) -> None:
         """Call this process's listeners of each `(channel, payload)` announced."""
@@ -192,13 +209,25 @@ class Database:
 
 
 def logged(conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
-    """Name event rows that `conn`'s `write_events` transaction inserted (every row it
-    adds to their tasks' logs from here on, or the announcement says less than it did),
-    so that its announcement carries them (`Logged`)."""
-    logs: dict[str, list[LoggedEvent]] = conn.info[_LOGGED]
+    """Name event rows that `conn`'s transaction inserted, so that its announcement
+    carries them (`Logged`): every insert of event rows calls this, since an
+    announcement that names fewer rows than were logged would have its waiters wait for
+    the next poll. Only a `write_events` transaction with someone listening keeps them;
+    anywhere else `rows` is not read."""
+    logs: dict[str, list[LoggedEvent]] | None = conn.info.get(_LOGGED)
+    if logs is None:
+        return
+    for task_id, task_rows in _named(rows).items():
+        logs.setdefault(task_id, []).extend(task_rows)
+
+
+def _named(rows: Iterable[dict[str, Any]]) -> dict[str, list[LoggedEvent]]:
+    """Event rows as `LoggedEvent`s by task, in the order given."""
+    named: dict[str, list[LoggedEvent]] = {}
     for row in rows:
-        logs.setdefault(row["task_id"], []).append(
+        named.setdefault(row["task_id"], []).append(
             LoggedEvent(row["seq"], row["type"], row["created_at"], row["data"]))
+    return named
 
 
 def _heard_after_commit(conn: Connection) -> list[tuple[str, Any]]:

@@ -22,6 +22,7 @@ from sqlalchemy import Connection
 
 from core.engines.base import Usage
 from core.states import Status
+from core.store.database import logged
 from core.store.driver import driver_cursor, placeholder
 from core.store.transitions import Event, encoded
 from core.tables import responses, task_events, tasks
@@ -32,8 +33,9 @@ def append_events(
     snapshot_json: str | None,
 ) -> list[dict[str, Any]] | None:
     """Append `events` to the log of `task_id` while `owner` holds it `running` (and
-    store `snapshot_json` if given); the event rows inserted, or None when the fence
-    did not hold (nothing written)."""
+    store `snapshot_json` if given), named for the transaction's announcement
+    (`logged`); the event rows inserted, or None when the fence did not hold (nothing
+    written)."""
     mark = placeholder(conn.dialect)
     with driver_cursor(conn) as cursor:
         if snapshot_json is None:
@@ -49,6 +51,7 @@ def append_events(
                 for offset, event in enumerate(events)]
         if rows:
             cursor.executemany(_insert_event(mark), [tuple(r.values()) for r in rows])
+    logged(conn, rows)
     return rows
 
 

@@ -34,6 +34,7 @@ from sqlalchemy import (
 from core.errors import ForbiddenTransition
 from core.states import Status, is_allowed
 from core.store.bulk import insert_rows
+from core.store.database import logged
 from core.tables import task_events, tasks
 
 # A WHERE term: an expression, or one of the literal partial-index predicates of
@@ -203,8 +204,10 @@ _CHUNKS = _chunk_encoder()
 
 
 def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert event rows that `move` collected (`event_rows`), in one statement."""
+    """Insert event rows that `move` collected (`event_rows`), in one statement, and
+    name them for the transaction's announcement (`logged`)."""
     insert_rows(conn, task_events, rows)
+    logged(conn, rows)
 
 
 _Target = Literal["one", "held", "locked"]  # one held task, several, claimed ones

@@ -20,7 +20,7 @@ from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
 from core.states import OnRestart, Status
 from core.store.claims import dead_letter
-from core.store.database import Database, logged
+from core.store.database import Database
 from core.store.output_flush import add_outputs as add_outputs  # also the completion's
 from core.store.output_flush import append_events
 from core.store.transitions import Add, Event, Held, PerRow, move
@@ -62,7 +62,7 @@ def heartbeat(db: Database, task_id: str, owner: str, *, lease_ms: int) -> Statu
 
 def start_running(db: Database, task_id: str, owner: str) -> None:
     """`loading -> running` once the model is loaded."""
-    with db.write_events([task_id]) as conn:
+    with db.write_events() as conn:
         _start(conn, db.clock.now_ms(), task_id, owner)
 
 
@@ -109,9 +109,10 @@ def append_output(
 
     Events, snapshot and output text move together, so a resumed task continues from
     exactly what its clients have seen. `start=True` first makes the `start_running`
-    move in the same transaction (a worker that batches its first writes). The events
-    ride in the commit's announcement (`logged`): the streams of this process that
-    already hold everything before them send them without reading the log.
+    move in the same transaction (a worker that batches its first writes). The events,
+    the start's `response.in_progress` included, ride in the commit's announcement
+    (`logged`): the streams of this process that already hold everything before them
+    send them without reading the log.
     """
     [failure] = append_outputs(db, [OutputWrite(task_id, owner, events, text, snapshot_json,
                                                 usage, start)])
@@ -125,21 +126,17 @@ def append_outputs(db: Database, writes: Sequence[OutputWrite]) -> list[Exceptio
     written, the others are). A worker's attempts whose flushes fall due together
     share the commit, the larger part of a flush's cost (`scheduler.flush_group`)."""
     failures: list[Exception | None] = []
-    written: list[str] = []  # announced once committed: a fenced write wakes nobody
-    with db.write_events(written) as conn:
+    with db.write_events() as conn:  # a fenced write logs nothing, so wakes nobody
         now = db.clock.now_ms()
         outputs: list[tuple[str, str, Usage | None]] = []
         for write in writes:
-            rows = None
-            if not write.start or start_all(conn, now, Held.one(write.task_id, write.owner)):
-                rows = append_events(conn, now, write.task_id, write.owner, write.events,
-                                     write.snapshot_json)
-            if rows is None:
+            started = not write.start or start_all(conn, now, Held.one(write.task_id,
+                                                                        write.owner))
+            if not started or append_events(conn, now, write.task_id, write.owner,
+                                            write.events, write.snapshot_json) is None:
                 failures.append(fenced(conn, write.task_id, write.owner))
                 continue
             failures.append(None)
-            written.append(write.task_id)
-            logged(conn, rows)
             outputs.append((write.task_id, write.text, write.usage))
         if outputs:
             add_outputs(conn, now, outputs)
@@ -153,7 +150,7 @@ def terminal_values(now: int) -> dict[str, Any]:
 
 def fail(db: Database, task_id: str, owner: str, code: str, message: str) -> None:
     """A non-retryable failure: `failed` at once, not a dead letter."""
-    with db.write_events([task_id]) as conn:
+    with db.write_events() as conn:
         now = db.clock.now_ms()
         error = {"code": code, "message": message[:500]}
         if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
@@ -166,7 +163,7 @@ def fail(db: Database, task_id: str, owner: str, code: str, message: str) -> Non
 
 def finish_cancelled(db: Database, task_id: str, owner: str) -> None:
     """The worker honours a cancel request: `cancelling -> cancelled`."""
-    with db.write_events([task_id]) as conn:
+    with db.write_events() as conn:
         now = db.clock.now_ms()
         if not move(conn, now=now, expected={Status.CANCELLING}, where=Held.one(task_id, owner),
                     to=Status.CANCELLED, events=[Event("response.cancelled")],
@@ -179,7 +176,7 @@ def requeue(
 ) -> bool:
     """A retryable failure: back to `queued` after `delay_ms`, or a dead letter when the
     attempts are spent. Returns True when requeued, False when dead-lettered."""
-    with db.write_events([task_id]) as conn:
+    with db.write_events() as conn:
         now = db.clock.now_ms()
         active = {Status.LOADING, Status.RUNNING}
         run_at = now + delay_ms
@@ -208,7 +205,7 @@ def release(db: Database, task_id: str, owner: str) -> None:
     A `resume` task that was running stays `running` with its snapshot and no lease,
     so the next claim continues it; anything else goes back to `queued`.
     """
-    with db.write_events([task_id]) as conn:
+    with db.write_events() as conn:
         now = db.clock.now_ms()
         refund = {"owner_token": None, "lease_expires_at": None, "attempts": Add(-1)}
         if move(conn, now=now, expected={Status.RUNNING},

@@ -241,14 +241,14 @@ def test_logged_events_are_heard_once_committed_and_readable(
     unlisten = db.listen(EVENTS_CHANNEL, lambda logged: heard.append(
         (logged.task_id, log_positions(db, [logged.task_id])[logged.task_id])))
     try:
-        [claim] = start_due(db)  # the claim (1 event) is not heard; the start is
+        [claim] = start_due(db)  # the claim (1 event), the start (1)
         finish(db, claim)  # output (3 events), then the completion (4)
         with pytest.raises(LeaseLost):  # a stale owner writes nothing
             worker_writes.append_output(db, task_id, "not-the-owner",
                                         output_events(task_id, "late"), text="late")
     finally:
         unlisten()
-    assert heard == [(task_id, 3), (task_id, 6), (task_id, 10)]
+    assert heard == [(task_id, 2), (task_id, 3), (task_id, 6), (task_id, 10)]
 
 
 def test_events_logged_in_this_process_wake_the_tail_before_its_tick(

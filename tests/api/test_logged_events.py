@@ -7,21 +7,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from core.engines.base import Usage
 from core.errors import LeaseLost
+from core.objects import event_object
 from core.store import claims, completion, worker_writes
 from core.store.connect import create_db_engine
-from core.store.database import Database, LoggedEvent, logged
+from core.store.database import EVENTS_CHANNEL, Database, Logged, LoggedEvent, logged
 from core.store.tasks import read_events
 from handlers import sse
 from handlers.live import LiveTail
 from tests.api.helpers import Caller, closing_events, output_events, start_due
-from tests.api.test_events import create
+from tests.api.test_events import create, finished_task
 
 
 def stored(db: Database, task_id: str, after: int = 0) -> list[LoggedEvent]:
@@ -45,31 +46,24 @@ async def with_tail(db: Database, work: Any) -> Any:
         await tail.stop()
 
 
-def test_a_stream_sends_output_committed_here_without_reading_the_log(
-    alice: Caller, model_id: str, db: Database, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Three output writes reach the stream from memory; only its first page and the
-    completion (whose events embed the response object) are read. What it sends is
-    byte for byte what a stream reading the whole log sends."""
-    task_id = create(alice, model_id)
-    [claim] = start_due(db)
+read_page = sse.read_events_page  # as the tests' own reads call it, never counted
+
+
+def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Where each page a stream reads from the log starts, from now on."""
     reads: list[int] = []
-    read_page = sse.read_events_page
 
     def counted(*args: Any) -> sse.EventsPage:
         reads.append(args[3])
         return read_page(*args)
 
     monkeypatch.setattr(sse, "read_events_page", counted)
+    return reads
 
-    def worker() -> None:
-        for text in ("w0 ", "w1 ", "w2 "):
-            threading.Event().wait(0.2)  # the stream is waiting again by now
-            write_output(db, claim, text)
-        threading.Event().wait(0.2)
-        completion.complete(db, task_id, claim.owner_token,
-                            closing_events(task_id, "w0 w1 w2 "), usage=Usage(3, 3))
 
+def streamed_while(db: Database, task_id: str, worker: Callable[[], None]) -> bytes:
+    """The whole SSE body of `task_id` from its start, streamed while `worker` writes
+    on a thread of its own, as a sweeper of this process would."""
     async def follow(tail: LiveTail) -> bytes:
         async def allowed() -> bool:
             return True
@@ -83,10 +77,132 @@ def test_a_stream_sends_output_committed_here_without_reading_the_log(
         await writing
         return body
 
-    body = asyncio.run(with_tail(db, follow))
-    whole = read_page(db, task_id, None, 0, 100)
-    assert body == b"".join(sse.frame(event) for event in whole.events)
+    body: bytes = asyncio.run(with_tail(db, follow))
+    return body
+
+
+def whole_log(db: Database, task_id: str) -> bytes:
+    """What a stream reading the whole log sends."""
+    events = read_page(db, task_id, None, 0, 100).events
+    return b"".join(sse.frame(event) for event in events)
+
+
+def pause() -> None:
+    threading.Event().wait(0.2)  # the stream is waiting again by now
+
+
+def test_a_stream_sends_output_committed_here_without_reading_the_log(
+    alice: Caller, model_id: str, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three output writes reach the stream from memory; only its first page and the
+    completion (whose events embed the response object) are read. What it sends is
+    byte for byte what a stream reading the whole log sends."""
+    task_id = create(alice, model_id)
+    [claim] = start_due(db)
+    reads = counted_reads(monkeypatch)
+
+    def worker() -> None:
+        for text in ("w0 ", "w1 ", "w2 "):
+            pause()
+            write_output(db, claim, text)
+        pause()
+        completion.complete(db, task_id, claim.owner_token,
+                            closing_events(task_id, "w0 w1 w2 "), usage=Usage(3, 3))
+
+    body = streamed_while(db, task_id, worker)
+    assert body == whole_log(db, task_id)
     assert len(reads) == 2  # the first page, the completion's; none for the 3 outputs
+
+
+@pytest.mark.parametrize("upstream_limit", [0, 1])
+def test_the_claim_and_the_start_reach_the_stream_from_memory(
+    alice: Caller, model_id: str, db: Database, monkeypatch: pytest.MonkeyPatch,
+    upstream_limit: int,
+) -> None:
+    """A stream that began before the claim is sent each claim's `response.loading`,
+    each start's `response.in_progress` (riding with the first output) and a retry's
+    `response.queued` without reading the log: their response objects show what the
+    task was created with. On PostgreSQL a claim is one statement that commits by
+    itself, or, with upstream slots to fill, a transaction; both name their rows. The
+    stream reads its first page and the completion only, and sends byte for byte what a
+    stream reading the log sends."""
+    task_id = create(alice, model_id)
+    reads = counted_reads(monkeypatch)
+
+    def worker() -> None:
+        for attempt in (1, 2):
+            pause()
+            [claim] = claims.claim(db, limit=1, upstream_limit=upstream_limit,
+                                   lease_ms=60_000, node_id="test-worker")
+            pause()
+            worker_writes.append_output(db, task_id, claim.owner_token,
+                                        output_events(task_id, "w0 "), text="w0 ", start=True)
+            if attempt == 1:
+                pause()
+                worker_writes.requeue(db, task_id, claim.owner_token, delay_ms=0,
+                                      code="engine_error", message="the engine stopped")
+        pause()
+        completion.complete(db, task_id, claim.owner_token, closing_events(task_id, "w0 "),
+                            usage=Usage(3, 1))
+
+    body = streamed_while(db, task_id, worker)
+    assert body == whole_log(db, task_id)
+    for event_type in ("loading", "in_progress", "queued"):
+        assert body.count(f"event: response.{event_type}\n".encode()) == 2 - (
+            event_type == "queued")
+    assert len(reads) == 2  # the first page, the completion's
+
+
+def test_a_claim_names_the_events_it_logged_as_stored(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    """What a claim tells this process of each task it took is that task's last row
+    as the log stores it: `response.loading` for a new attempt, `response.in_progress`
+    for a resumed one."""
+    resumable = alice.post("/v1/responses", json={"model": model_id, "input": "words=3",
+                                                  "on_restart": "resume"}).json()["id"]
+    [first] = claims.claim(db, limit=1, lease_ms=1, node_id="test-worker")
+    worker_writes.start_running(db, resumable, first.owner_token)
+    fresh = create(alice, model_id)
+    threading.Event().wait(0.01)  # the resumable task's lease has run out
+    heard: list[Logged] = []
+    stop = db.listen(EVENTS_CHANNEL, heard.append)
+    try:
+        taken = claims.claim(db, limit=5, lease_ms=60_000, node_id="test-worker")
+    finally:
+        stop()
+    assert {claim.task_id for claim in taken} == {resumable, fresh}
+    assert {news.task_id: list(news.events) for news in heard} == {
+        task_id: stored(db, task_id)[-1:] for task_id in (resumable, fresh)}
+    assert {news.events[0].type for news in heard} == {
+        "response.loading", "response.in_progress"}
+
+
+def test_a_terminal_event_is_read_with_its_response(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    """A terminal event's response object shows the final output and usage, which its
+    row does not hold: a stream handed one reads the log, and rendering one without the
+    response is refused rather than shown empty."""
+    task_id = finished_task(alice, model_id, db)
+    completed = stored(db, task_id)[-1]
+    task = read_page(db, task_id, None, 0, 100).task
+    assert completed.type == "response.completed"
+    assert sse.logged_page([completed], task) is None
+    with pytest.raises(ValueError, match="as stored"):
+        event_object(task, None, completed)
+
+
+def test_nothing_is_named_while_nobody_listens(db: Database) -> None:
+    """A sweeper on its own (no live tail) pays nothing for naming rows: they are not
+    even read."""
+    def never_read() -> Iterator[dict[str, Any]]:
+        raise AssertionError("rows read with nobody listening")
+        yield {}
+
+    db.announce_committed_events(["task"], never_read())
+    with db.write_events() as conn:
+        logged(conn, never_read())
 
 
 def test_events_that_continue_the_waiter_are_handed_over_as_stored(
@@ -179,7 +295,7 @@ def test_news_out_of_order_or_with_a_gap_makes_the_waiter_read(
 
     def tell(events: list[LoggedEvent]) -> None:
         """Announce `events` as a commit of this process that logged them would."""
-        with db.write_events([task_id]) as conn:
+        with db.write_events() as conn:
             logged(conn, [{"task_id": task_id, **event._asdict()} for event in events])
 
     async def hear(order: list[list[LoggedEvent]], after: int) -> Sequence[LoggedEvent] | None:
