@@ -7,6 +7,7 @@ For each store (SQLite FULL, SQLite NORMAL, PostgreSQL) it prints:
 - the same through `enqueue_many`, 16 requests per commit: the API's group commit when
   16 requests arrive together;
 - claim + start + complete per second (claims in batches of 10, as a sweeper does);
+- claims of one upstream task each per second (a stream's task claimed as it arrives);
 then, on SQLite, `recover` of 100,000 leftover tasks and retention of 1,000,000
 finished tasks with the longest write-lock hold of any batch.
 The machine is shared and noisy: compare ratios within one run, not across runs.
@@ -28,6 +29,7 @@ from sqlalchemy import insert
 from core.engines.base import Usage
 from core.idempotency import IdempotencyClaim
 from core.ids import sortable_id
+from core.models_registry import register_upstream
 from core.settings import Settings, load_settings
 from core.store import births, claims, completion, new_tasks, worker_writes
 from core.store.connect import create_db_engine
@@ -116,14 +118,37 @@ def store_rates(db: Database, count: int) -> dict[str, float]:
             completion.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage(1, 1))
             done += 1
     return {"enqueue_per_s": enqueue_rate, "group_enqueue_per_s": group_rate,
-            "claim_finish_per_s": done / (time.perf_counter() - start)}
+            "claim_finish_per_s": done / (time.perf_counter() - start),
+            "upstream_claim_per_s": upstream_claim_rate(db, count)}
+
+
+def upstream_claim_rate(db: Database, count: int) -> float:
+    """Claims per second of one task of an upstream model each, local slots free too:
+    how a sweeper claims streams that arrive one by one (the model's bound, its lock
+    and the local pool's queries included). None of them finishes, so up to `count`
+    attempts are in flight by the end, as under a hosted API's large bound: each claim
+    counts them."""
+    register_upstream(db, "up", base_urls=["http://127.0.0.1:9/v1"], model="up",
+                      max_concurrency=4096)
+    request = json.dumps({"model": "up", "input": "hello"})
+    for first in range(0, count, GROUP):
+        new_tasks.enqueue_many(db, [(births.NewTask(client_id="bench", model="up",
+                                                    request_json=request), None)
+                                    for _ in range(min(GROUP, count - first))])
+
+    def claim(_: int) -> None:
+        [_claimed] = claims.claim(db, limit=16, upstream_limit=1, lease_ms=60_000,
+                                  node_id="bench")
+
+    return rate(count, claim)
 
 
 def rates_line(store: str, raw: float, figures: dict[str, float]) -> str:
     one, group = figures["enqueue_per_s"], figures["group_enqueue_per_s"]
     return (f"{store:13} raw commits/s {raw:7.0f} | enqueue/s {one:6.0f} ({one / raw:.2f} x raw)"
             f" | {GROUP} per commit {group:6.0f} ({group / raw:.2f} x raw)"
-            f" | claim+finish/s {figures['claim_finish_per_s']:5.0f}")
+            f" | claim+finish/s {figures['claim_finish_per_s']:5.0f}"
+            f" | upstream claims/s {figures['upstream_claim_per_s']:5.0f}")
 
 
 def bulk_tasks(db: Database, count: int, *, status: str, events_each: int,

@@ -43,25 +43,28 @@ def in_flight(conn: Connection, model_ids: Sequence[str], now: int) -> Counter[s
     return Counter({row.model: row.n for row in rows})
 
 
-def with_room(conn: Connection, limits: dict[str, int], now: int) -> list[str]:
-    """The upstream models below their bound now, unlocked: which ones a claim looks at.
-    `admit` decides, under the lock."""
-    counts = in_flight(conn, list(limits), now)
+def with_room(limits: dict[str, int], counts: Counter[str]) -> list[str]:
+    """The upstream models below their bound by `counts` (`in_flight`, read unlocked):
+    which ones a claim looks at. `admit` decides."""
     return sorted(m for m, bound in limits.items() if counts[m] < bound)
 
 
 def admit(
-    conn: Connection, candidates: Sequence[Row[Any]], limits: dict[str, int], now: int
+    conn: Connection, candidates: Sequence[Row[Any]], limits: dict[str, int], now: int,
+    *, counted: Counter[str] | None = None,
 ) -> list[Row[Any]]:
-    """The candidates (in claim order) that fit their models' bounds, after locking the
-    models' rows. A candidate whose attempts are spent needs no room: the claim
-    dead-letters it."""
+    """The candidates (in claim order) that fit their models' bounds, counted after
+    locking the models' rows; or by `counted`, the counts this transaction made before,
+    when no other claim can have changed them since (SQLite: the claim has held the one
+    writer lock since it began), so nothing is locked or counted again. A candidate
+    whose attempts are spent needs no room: the claim dead-letters it."""
     wanted = sorted({c.model for c in candidates})
     if not wanted:
         return []
-    conn.execute(_LOCK, {"p_models": wanted})
-    counts = in_flight(conn, wanted, now)
-    room = {m: limits.get(m, 0) - counts[m] for m in wanted}
+    if counted is None:
+        conn.execute(_LOCK, {"p_models": wanted})
+        counted = in_flight(conn, wanted, now)
+    room = {m: limits.get(m, 0) - counted[m] for m in wanted}
     admitted = []
     for candidate in candidates:
         if candidate.attempts >= candidate.max_attempts:

@@ -108,9 +108,11 @@ def claim(
             limits = capacity.upstream_limits(conn)
             resumable, queued = _due(conn, _LOCAL, list(limits), now, limit)
         if upstream_limit > 0 and limits:
-            more = _due(conn, _UPSTREAM, capacity.with_room(conn, limits, now), now,
+            counts = capacity.in_flight(conn, list(limits), now)
+            more = _due(conn, _UPSTREAM, capacity.with_room(limits, counts), now,
                         upstream_limit)
-            admitted = capacity.admit(conn, [*more[0], *more[1]], limits, now)
+            admitted = capacity.admit(conn, [*more[0], *more[1]], limits, now,
+                                      counted=counts if db.single_writer else None)
             resumable += [c for c in admitted if c.status == Status.RUNNING]
             queued += [c for c in admitted if c.status != Status.RUNNING]
             # The lease starts after the models' locks were granted: a claim that waited
@@ -123,8 +125,10 @@ def claim(
                  "error_message": None}
         taken = _take(conn, now, resumable, Status.RUNNING, lease)
         taken += _take(conn, now, queued, Status.LOADING, {**lease, "snapshot_json": None})
-        if queued:
-            reset_output(conn, [row.id for row, _ in taken if row.status == Status.LOADING], now)
+        restarted = [row.id for row, candidate in taken
+                     if row.status == Status.LOADING and candidate.started_at is not None]
+        if restarted:
+            _reset_output(conn, restarted, now)
         found = entries(conn, (candidate.model for _, candidate in taken))
         return local + [_claim(candidate, row.attempts, owner, candidate.model in limits,
                                found.get(candidate.model)) for row, candidate in taken]
@@ -166,7 +170,8 @@ def _candidates_query(*where: Any, order: Sequence[Any], with_output: bool) -> A
     """Due tasks of one kind in `order`, locked (`p_now`, `p_limit`); a resumable
     task brings its stored output along, a queued one starts over without it."""
     columns = [tasks.c.id, tasks.c.status, tasks.c.attempts, tasks.c.max_attempts,
-               tasks.c.model, tasks.c.request_json, tasks.c.snapshot_json, _ITEMS_OPENED]
+               tasks.c.model, tasks.c.request_json, tasks.c.snapshot_json, tasks.c.started_at,
+               _ITEMS_OPENED]
     query = select(*columns)
     if with_output:
         query = (select(*columns, responses.c.output_text, responses.c.input_tokens,
@@ -270,12 +275,14 @@ def dead_letter(conn: Connection, now: int, where: Held | Locked, *, expected: S
                             "dead_lettered": 1}))
 
 
-def reset_output(conn: Connection, ids: Sequence[str], now: int) -> None:
+def _reset_output(conn: Connection, ids: Sequence[str], now: int) -> None:
     """A task that starts over starts with empty output and usage.
 
-    Done when a queued task is claimed, so requeue, release and recovery (which can
-    touch 100,000 tasks at once) never have to rewrite response rows. A task's first
-    claim finds its response empty already and rewrites nothing."""
+    Done when a queued task that started before is claimed, so requeue, release and
+    recovery (which can touch 100,000 tasks at once) never have to rewrite response
+    rows. A task's first claim skips it: an attempt writes output only once claimed,
+    and `started_at` is never cleared, so a task never started has its response as it
+    was born."""
     conn.execute(_RESET_OUTPUT, {"p_ids": list(ids), "p_now": now})
 
 

@@ -316,11 +316,14 @@ def test_an_attempt_that_completes_after_a_failure_reports_no_error(
 def test_a_requeued_task_starts_over_with_empty_output(db: Database, model_id: str) -> None:
     claimed = run_to_running(db, model_id)
     worker_writes.append_output(db, claimed.task_id, claimed.owner_token, [delta("ab")], text="ab",
-                                snapshot_json='{"pos": 1}')
+                                snapshot_json='{"pos": 1}', usage=Usage(3, 1))
     worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e",
                           message="m")
     again = claim_one(db)
     assert again.attempt == 2 and again.output_text == "" and again.snapshot_json is None
+    with db.read() as conn:  # as stored, too: the claim cleared what the first attempt wrote
+        response = tasks.response_in(conn, claimed.task_id, None)
+    assert (response.output_text, response.input_tokens, response.output_tokens) == ("", 0, 0)
 
 
 def test_release_refunds_the_attempt_and_requeues(db: Database, model_id: str) -> None:
