@@ -245,7 +245,9 @@ def _started(to: Status, attempt: int) -> Event:
 def _claim_events(rows: list[Any], now: int) -> Iterator[dict[str, Any]]:
     """The event rows `core.store.pg_claims`' statement logged for the tasks it took
     (`rows`, as moved: each event is its task's last), named for the claim's
-    announcement, so that a stream of this process sends them without reading the log."""
+    announcement, so that a stream of this process sends them without reading the log.
+    The statement's dead letters are not returned, so not named: their streams see them
+    at the live tail's next poll."""
     for row in rows:
         event = _started(Status(row.status), row.attempts)
         yield {"task_id": row.id, "seq": row.last_seq, "type": event.type,

@@ -86,9 +86,10 @@ class Database:
     @contextmanager
     def write_events(self) -> Iterator[Connection]:
         """`write` for a transaction that logs events: once it has committed, this
-        process's `EVENTS_CHANNEL` listeners hear a `Logged` of each task it logged
-        events of, with those rows (`logged`, which every insert of event rows calls:
-        `transitions.insert_events`, `output_flush.append_events`). The live tail of an
+        process's `EVENTS_CHANNEL` listeners hear a `Logged` of each task it named event
+        rows of, with those rows (`logged`, which every insert of event rows calls:
+        `transitions.insert_events`, `output_flush.append_events`, and the claim for
+        the rows its PostgreSQL statement inserts). The live tail of an
         API in the same process (`taskward run`) then wakes its waiters at once instead
         of at its next poll, and a stream that holds everything before the rows sends
         them without reading the log. Nothing is named while nobody listens (a sweeper
