@@ -107,7 +107,7 @@ async def create_response(
         return json_bytes(outcome.body, outcome.status_code, {**located, **preference})
     if data.stream:
         return await event_stream(db, services.tail, outcome.task_id, client.id, 0,
-                                  token_still_valid(request), held=held)
+                                  token_still_valid(request), held=held, born=outcome.born)
     try:
         task = await settled(db, services.tail, outcome.task_id, client.id,
                              settings.sync_timeout_seconds, read=get_response)

@@ -17,6 +17,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 from litestar.params import HeaderParameter, Parameter
@@ -25,6 +26,7 @@ from litestar.response import Stream
 from core.errors import NotFound
 from core.objects import TERMINAL_EVENTS, Record, event_object
 from core.states import TERMINAL, Status
+from core.store.births import birth_event
 from core.store.database import Database, LoggedEvent
 from core.store.tasks import task_and_events
 from handlers.limits import end_with
@@ -71,6 +73,11 @@ def read_events_page(
                       Status(task.status) in TERMINAL, task.last_seq, task)
 
 
+def born_page(task: SimpleNamespace) -> EventsPage:
+    """The first page of a task just created by this request: its birth event."""
+    return EventsPage([event_object(task, None, birth_event(task))], False, 1, task)
+
+
 def logged_page(events: Sequence[LoggedEvent], task: Record) -> EventsPage | None:
     """The page of `events` just committed by this process, built from their rows and
     `task` as the stream last read it (a lifecycle event before the end shows only what
@@ -95,11 +102,14 @@ StillAllowed = Callable[[], Awaitable[bool]]
 async def event_stream(
     db: Database, tail: LiveTail, task_id: str, owner: str | None, after: int,
     still_allowed: StillAllowed, *, held: Callable[[], None],
+    born: SimpleNamespace | None = None,
 ) -> Stream:
     """`200 text/event-stream` of the events after `after`.
 
     The first page is read before answering, so an unknown task (or another client's)
-    is a proper 404 problem rather than a stream that breaks at once. Before a later
+    is a proper 404 problem rather than a stream that breaks at once; a stream of the
+    request that has just created the task (`born`, the task as created) starts from
+    its one birth event instead, without reading it back. Before a later
     page, once `AUTH_RECHECK_SECONDS` have passed since it was last asked, and every
     `AUTH_RECHECK_SECONDS` of an idle stream, `still_allowed()` is asked whether the
     caller's token still holds: a revoked client's streams end within about a second,
@@ -108,7 +118,8 @@ async def event_stream(
     however it ends.
     """
     try:
-        first = await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE)
+        first = (born_page(born) if born is not None else
+                 await blocking(read_events_page, db, task_id, owner, after, STREAM_PAGE))
     except BaseException:
         held()
         raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, Row, delete, select
@@ -41,13 +42,16 @@ DEFAULT_IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000  # `TASKWARD_IDEMPOTENCY_TTL_HOURS
 
 @dataclass(frozen=True)
 class Enqueued:
-    """The outcome of `enqueue`: the answer a client gets, byte for byte."""
+    """The outcome of `enqueue`: the answer a client gets, byte for byte, and the new
+    task as it was born (`born`; None for a replay or a dedupe hit), which a stream
+    of the same request starts from without reading it back."""
 
     task_id: str
     status_code: int
     body: bytes
     replayed: bool = False
     dedupe_hit: bool = False
+    born: SimpleNamespace | None = None
 
 
 class _KeyTaken(Exception):
@@ -104,7 +108,7 @@ def enqueue(
             if idempotency is not None and not _record_keys(conn, [_key_record(
                     new, idempotency, created.id, body, now, idempotency_ttl_ms)]):
                 raise _KeyTaken
-            return Enqueued(created.id, 202, body)
+            return Enqueued(created.id, 202, body, born=created)
     except (_KeyTaken, _DedupeHit, _OverQuota, InvalidInput) as refusal:
         if idempotency is not None:
             stored = _stored_answer(db, new.client_id, idempotency)
@@ -197,7 +201,7 @@ def _alone(
     request once its task is born, and the idempotency records those answers go in."""
     now = db.clock.now_ms()
     rows = task_rows([new for new, _ in batch], now)
-    answers = [Enqueued(task.id, 202, _json_bytes(response_object(task, None)))
+    answers = [Enqueued(task.id, 202, _json_bytes(response_object(task, None)), born=task)
                for task in as_born(rows)]
     records = [_key_record(new, claim, answer.task_id, answer.body, now, ttl_ms)
                for (new, claim), answer in zip(batch, answers) if claim is not None]
@@ -232,7 +236,7 @@ def _insert_batch(
         for table, column in ((task_events, task_events.c.task_id),
                               (responses, responses.c.task_id), (tasks, tasks.c.id)):
             conn.execute(delete(table).where(column.in_(unrecorded)))
-    return [Enqueued(row.id, 202, body) if row is not None and row.id not in unrecorded
+    return [Enqueued(row.id, 202, body, born=row) if row is not None and row.id not in unrecorded
             else None for row, body in zip(created, bodies)]
 
 

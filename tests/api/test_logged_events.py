@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
@@ -21,8 +22,8 @@ from core.store.database import EVENTS_CHANNEL, Database, Logged, LoggedEvent, l
 from core.store.tasks import read_events
 from handlers import sse
 from handlers.live import LiveTail
-from tests.api.helpers import Caller, closing_events, output_events, start_due
-from tests.api.test_events import create, finished_task
+from tests.api.helpers import Caller, closing_events, complete_soon, output_events, start_due
+from tests.api.test_events import create, finished_task, parse_sse
 
 
 def stored(db: Database, task_id: str, after: int = 0) -> list[LoggedEvent]:
@@ -176,6 +177,23 @@ def test_a_claim_names_the_events_it_logged_as_stored(
         task_id: stored(db, task_id)[-1:] for task_id in (resumable, fresh)}
     assert {news.events[0].type for news in heard} == {
         "response.loading", "response.in_progress"}
+
+
+def test_a_stream_of_the_creating_request_starts_without_reading_the_task_back(
+    alice: Caller, model_id: str, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`POST /v1/responses` with `stream: true` sends the task's birth event from the
+    task as it created it: the log is read only for what follows (a worker of another
+    process writes here, so the stream reads the rest), and the stream sends byte for
+    byte what a reader of the log gets."""
+    reads = counted_reads(monkeypatch)
+    worker = complete_soon(db)
+    answer = alice.post("/v1/responses", json={"model": model_id, "input": "words=3",
+                                               "background": False, "stream": True})
+    worker.join()
+    task_id = json.loads(parse_sse(answer.text)[0]["data"])["response"]["id"]
+    assert answer.content == whole_log(db, task_id)
+    assert reads and 0 not in reads
 
 
 def test_a_terminal_event_is_read_with_its_response(
