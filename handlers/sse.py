@@ -56,7 +56,7 @@ class EventsPage:
     events: list[dict[str, Any]]
     finished: bool  # the task is terminal: its log will not grow
     last_seq: int
-    task: Record  # as read with the page: what a later lifecycle event shows of it
+    task: Record  # as read with the page (or created): what later lifecycle events show
 
     def next_after(self, after: int) -> int | None:
         """Where the next page starts; None once a finished task's log is exhausted."""
