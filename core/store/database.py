@@ -183,7 +183,8 @@ class Database:
         listens, so a generator of them costs nothing then."""
         if not self._hears_events():
             return
-        named = _named(rows)
+        named: dict[str, list[LoggedEvent]] = {}
+        _name(named, rows)
         self._tell([(EVENTS_CHANNEL, Logged(task_id, tuple(named.get(task_id, ()))))
                     for task_id in dict.fromkeys([*named, *task_ids])])
 
@@ -216,19 +217,15 @@ def logged(conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
     the next poll. Only a `write_events` transaction with someone listening keeps them;
     anywhere else `rows` is not read."""
     logs: dict[str, list[LoggedEvent]] | None = conn.info.get(_LOGGED)
-    if logs is None:
-        return
-    for task_id, task_rows in _named(rows).items():
-        logs.setdefault(task_id, []).extend(task_rows)
+    if logs is not None:
+        _name(logs, rows)
 
 
-def _named(rows: Iterable[dict[str, Any]]) -> dict[str, list[LoggedEvent]]:
-    """Event rows as `LoggedEvent`s by task, in the order given."""
-    named: dict[str, list[LoggedEvent]] = {}
+def _name(logs: dict[str, list[LoggedEvent]], rows: Iterable[dict[str, Any]]) -> None:
+    """Add event rows to `logs` as `LoggedEvent`s by task, in the order given."""
     for row in rows:
-        named.setdefault(row["task_id"], []).append(
+        logs.setdefault(row["task_id"], []).append(
             LoggedEvent(row["seq"], row["type"], row["created_at"], row["data"]))
-    return named
 
 
 def _heard_after_commit(conn: Connection) -> list[tuple[str, Any]]:
