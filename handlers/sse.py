@@ -26,7 +26,7 @@ from litestar.response import Stream
 from core.errors import NotFound
 from core.objects import TERMINAL_EVENTS, Record, event_object
 from core.states import TERMINAL, Status
-from core.store.births import birth_event
+from core.store.birth_event import birth_event
 from core.store.database import Database, LoggedEvent
 from core.store.tasks import task_and_events
 from handlers.limits import end_with

@@ -24,7 +24,7 @@ from core.errors import InvalidInput
 from core.ids import sortable_id
 from core.priorities import DEFAULT_PRIORITY
 from core.states import OnRestart, Status
-from core.store.database import Database, LoggedEvent
+from core.store.database import Database
 from core.store.driver import autocommit_cursor, driver_cursor
 from core.store.line import places
 from core.store.pg_async import AutocommitConnections
@@ -98,12 +98,6 @@ def task_rows(news: Sequence[NewTask], now: int) -> list[dict[str, Any]]:
     """The rows `news` are to be born with, their ids made: what a caller renders or
     records before `insert_rows_alone` writes them (`as_born`)."""
     return [_task_values(new, now) for new in news]
-
-
-def birth_event(task: SimpleNamespace) -> LoggedEvent:
-    """The one event a task is born with, as `sqlite_births` and `pg_births` log it
-    (the first, with no data of its own), for a stream of the request that created it."""
-    return LoggedEvent(1, "response.created", task.created_at, "{}")
 
 
 def as_born(rows: Sequence[dict[str, Any]]) -> list[SimpleNamespace]:

@@ -42,6 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 
+from core.store import birth_event
 from core.store.bulk import dialect_module, json_rows, rows_param
 from core.store.database import WORK_CHANNEL
 from core.store.driver import driver_text
@@ -149,8 +150,9 @@ def _statement(keys: tuple[str, ...], notify: bool, keyed: bool) -> Any:
     created = insert(task_events).from_select(
         [task_events.c.task_id, task_events.c.seq, task_events.c.type,
          task_events.c.created_at, task_events.c.data],
-        select(born.c.id, _constant("1", Integer), _constant("'response.created'", String),
-               now, _constant("'{}'", Text))).cte("created")
+        select(born.c.id, _constant(str(birth_event.SEQ), Integer),
+               _constant(f"'{birth_event.TYPE}'", String), now,
+               _constant(f"'{birth_event.DATA}'", Text))).cte("created")
     places = select(func.json_object_agg(born.c.id, born.c.vtime, type_=JSON))
     columns: list[Any] = [known.label("known"), places.scalar_subquery().label("places")]
     if notify:

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from core.store import birth_event
 from core.store.driver import driver_cursor
 from core.tables import models, responses, task_events, tasks
 
@@ -29,7 +30,7 @@ _RESPONSE_ROW = (f"INSERT INTO {responses.name} ({responses.c.task_id.name}, "
 _FIRST_EVENT = (f"INSERT INTO {task_events.name} ({task_events.c.task_id.name}, "
                 f"{task_events.c.seq.name}, {task_events.c.type.name}, "
                 f"{task_events.c.created_at.name}, {task_events.c.data.name}) "
-                "VALUES (?, 1, 'response.created', ?, '{}')")
+                f"VALUES (?, {birth_event.SEQ}, '{birth_event.TYPE}', ?, '{birth_event.DATA}')")
 
 
 def born_one_by_one(
