@@ -2,12 +2,15 @@
 llama-server, so that the figure does not move with the machine's load.
 
 Run from the repository root: `.venv/bin/python -m bench.upstream_cpu` (options:
-`--rounds 3`, `--streams 8`, `--tokens 128`, `--rate 40`, `--slots 4`). About 30 s.
+`--rounds 3`, `--streams 8`, `--tokens 128`, `--rate 40`, `--slots 4`, `--lockstep`).
+About 30 s.
 
 The stand-in (an asyncio server on a thread of this process) streams llama-server's
 Chat Completions chunk shapes (one `data:` event per token, then the finish, the usage
 and `[DONE]`) at `--rate` tokens/s per request, serving `--slots` requests at once and
-queueing the rest, as `llama-server --parallel 4` does. A `taskward run` on SQLite
+queueing the rest, as `llama-server --parallel 4` does; with `--lockstep` the streams
+with a slot send each token on one shared tick, as llama-server's batched decode makes
+them (its streams' tokens then reach taskward together, not spread out). A `taskward run` on SQLite
 (an upstream entry with `max_concurrency` 8) takes `--streams` `POST /v1/responses`
 streams (`background: false, stream: true`, read to the end as `bench.upstream` reads
 them) per round. Printed: the CPU time (user + system) and the voluntary context
@@ -48,11 +51,15 @@ def _delta(text: str | None, finish: str | None = None) -> bytes:
 
 
 class StandIn:
-    """Chat Completions streams at a fixed rate per request, `slots` at a time."""
+    """Chat Completions streams at a fixed rate per request, `slots` at a time; with
+    `lockstep`, every stream with a slot sends its next token on one shared tick, as
+    llama-server does (one decode step makes a token for every busy slot)."""
 
-    def __init__(self, rate: float, slots: int) -> None:
+    def __init__(self, rate: float, slots: int, *, lockstep: bool = False) -> None:
         self._pause = 1 / rate
         self._slots = slots
+        self._lockstep = lockstep
+        self._tick: asyncio.Future[None] | None = None
         self.port = 0
         ready = threading.Event()
         threading.Thread(target=asyncio.run, args=(self._serve(ready),), daemon=True).start()
@@ -90,13 +97,22 @@ class StandIn:
             for _ in range(tokens):
                 send(_delta(" word"))
                 await writer.drain()
-                await asyncio.sleep(self._pause)
+                await (self._next_tick() if self._lockstep else asyncio.sleep(self._pause))
             send(_delta(None, "length"))
             send(_event({"choices": [], "usage": {"prompt_tokens": 20,
                                                   "completion_tokens": tokens}}))
             send(b"data: [DONE]\n\n")
             writer.write(b"0\r\n\r\n")
             await writer.drain()
+
+
+    def _next_tick(self) -> asyncio.Future[None]:
+        """The shared tick every stream waits for: the next decode step."""
+        if self._tick is None or self._tick.done():
+            loop = asyncio.get_running_loop()
+            tick = self._tick = loop.create_future()
+            loop.call_later(self._pause, tick.set_result, None)
+        return self._tick
 
 
 _NUMBERED = re.compile(r"_\d+$")  # a pool's `runner_3`: one kind with its siblings
@@ -159,8 +175,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rate", type=float, default=40.0)
     parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--lockstep", action="store_true",
+                        help="the streams with a slot send their tokens on one shared tick")
     args = parser.parse_args()
-    upstream = StandIn(args.rate, args.slots)
+    upstream = StandIn(args.rate, args.slots, lockstep=args.lockstep)
     with tempfile.TemporaryDirectory() as scratch, pooled_client() as client:
         root = Path(scratch)
         children = Children(root / "logs")
