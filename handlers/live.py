@@ -26,6 +26,12 @@ else wakes it to read: a poll, a commit that named no rows (a completion on
 PostgreSQL), one that leaves a gap (another writer's commit whose news is still on its
 way), or one heard after the waiter was already handed rows it does not continue. A
 commit whose rows the waiter has already seen wakes nobody.
+
+A task that this process's own workers hold (`Database.held_here`) logs every event
+through this process, so its commits wake its waiters already; another process can
+only cancel it, which the holding worker hears within its lease keeper's tick and
+answers with events of its own. Such tasks are polled only every `HELD_POLL_SECONDS`,
+a safety net: a stream of `taskward run` then costs the poll thread no query per tick.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +55,7 @@ from handlers.threads import blocking
 
 log = logging.getLogger("taskward.live")
 _STOP_SECONDS = 2.0
+HELD_POLL_SECONDS = 1.0  # how often the logs of tasks held here are polled regardless
 
 
 @dataclass(eq=False)
@@ -147,7 +155,9 @@ class LiveTail:
                 self._waiters.pop(task_id, None)
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The poll thread: one query per tick while anyone waits."""
+        """The poll thread: one query per tick while anyone waits on a task this
+        process does not hold, and one every `HELD_POLL_SECONDS` for all of them."""
+        all_polled_at = 0.0
         while not self._stopping.is_set():
             if not self._waiters:
                 self._work.clear()
@@ -155,15 +165,25 @@ class LiveTail:
                     self._work.wait()
                 continue
             polled = list(self._waiters)
-            try:
-                positions = log_positions(self._db, polled)
-            except Exception:  # a store outage: waiters time out and retry by themselves
-                log.warning("live tail poll failed", exc_info=True)
+            if time.monotonic() - all_polled_at >= HELD_POLL_SECONDS:
+                all_polled_at = time.monotonic()
             else:
-                if self._behind(polled, positions):
-                    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                        loop.call_soon_threadsafe(self._wake, polled, positions)
+                held = self._db.held_here
+                polled = [task_id for task_id in polled if task_id not in held]
+            if polled:
+                self._poll(loop, polled)
             self._stopping.wait(self._interval)
+
+    def _poll(self, loop: asyncio.AbstractEventLoop, polled: list[str]) -> None:
+        """Read the logs' positions of `polled`; wake the waiters behind them."""
+        try:
+            positions = log_positions(self._db, polled)
+        except Exception:  # a store outage: waiters time out and retry by themselves
+            log.warning("live tail poll failed", exc_info=True)
+            return
+        if self._behind(polled, positions):
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._wake, polled, positions)
 
     def _behind(self, polled: list[str], positions: dict[str, int]) -> bool:
         """Whether a waiter of `polled` may be behind its log (checked again on the loop,

@@ -168,6 +168,52 @@ def test_the_live_tail_polls_once_per_tick_for_all_waiters(
     assert set(task_ids) in polls  # each asks for all the watched tasks at once
 
 
+def test_tasks_held_here_are_polled_only_as_a_safety_net(
+    alice: Caller, model_id: str, db: Database, settings: Any,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task this process's workers hold logs every event through this process, whose
+    commits wake its waiters: each tick polls only the other tasks, and all of them are
+    polled every `HELD_POLL_SECONDS`, so a write from another process (a cancel, a
+    takeover) still wakes a waiter of a held task by then."""
+    held, free = create(alice, model_id), create(alice, model_id)
+    elsewhere = Database(create_db_engine(settings))  # its commits are not heard here
+    monkeypatch.setattr(live, "HELD_POLL_SECONDS", 0.4)
+    polls: list[set[str]] = []
+
+    def counted(store: Database, polled: list[str]) -> dict[str, int]:
+        polls.append(set(polled))
+        return log_positions(store, polled)
+
+    monkeypatch.setattr(live, "log_positions", counted)
+    tail = LiveTail(db, interval_seconds=0.02)
+
+    async def quiet_then_claimed_elsewhere() -> tuple[list[bool], bool, float]:
+        await tail.start()
+        try:
+            quiet = list(await asyncio.gather(tail.wait(held, 1, 1.0), tail.wait(free, 1, 1.0)))
+            waiting = asyncio.ensure_future(tail.wait(held, 1, 5))
+            await asyncio.to_thread(start_due, elsewhere)
+            claimed = asyncio.get_running_loop().time()
+            woken = await waiting
+            return quiet, woken, asyncio.get_running_loop().time() - claimed
+        finally:
+            await tail.stop()
+
+    db.held_here.add(held)
+    try:
+        quiet, woken, late = asyncio.run(quiet_then_claimed_elsewhere())
+    finally:
+        db.held_here.discard(held)
+        elsewhere.dispose()
+    assert quiet == [False, False]
+    ticks = [polled for polled in polls if free in polled]
+    with_held = [polled for polled in polls if held in polled]
+    assert len(ticks) >= 15  # the free task at every tick of the quiet second
+    assert 1 <= len(with_held) <= 6  # the held one about every 0.4 s, not every tick
+    assert woken is True and late < 2.0  # the safety poll saw the other process's claim
+
+
 def test_the_live_tail_wakes_a_waiter_when_its_log_grows(
     alice: Caller, model_id: str, db: Database
 ) -> None:

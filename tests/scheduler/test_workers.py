@@ -56,6 +56,29 @@ def test_a_claim_for_upstream_slots_alone_leaves_the_local_backlog_standing(
         workers.stop(drain_seconds=0)
 
 
+def test_the_store_knows_the_tasks_this_process_runs_from_claim_to_end(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    """`Database.held_here` (an API in this process polls those tasks' logs only as a
+    safety net: `handlers.live`) holds a task while this process's worker runs it, and
+    not once it ended, whether it completed or was handed back at a stop."""
+    settings = replace(fast, worker_concurrency=2)
+    done, held_back = (new_task(db, model_id, input="words=2 delay=0.3"),
+                       new_task(db, model_id, input=LONG))
+    workers = Workers(db, settings)
+    try:
+        assert workers.claim() == 2
+        assert {done, held_back} <= db.held_here
+        wait_until(lambda: task_row(db, done).status == Status.COMPLETED, timeout=10,
+                   what="the short task completed")
+        wait_until(lambda: done not in db.held_here, timeout=5, what="the short task let go")
+        assert held_back in db.held_here
+    finally:
+        workers.stop(drain_seconds=0)
+    assert task_row(db, held_back).status == Status.QUEUED  # handed back
+    assert db.held_here == set()
+
+
 def test_graceful_stop_lets_work_finish_until_the_deadline_then_hands_back_the_rest(
     db: Database, fast: Settings, model_id: str
 ) -> None:
