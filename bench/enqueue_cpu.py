@@ -2,10 +2,11 @@
 
 Run from the repository root: `.venv/bin/python -m bench.enqueue_cpu [--posts N]`.
 
-Served (default): `taskward serve --workers W` (2 on PostgreSQL, 1 on SQLite, as in
-`bench/peers.py`'s enqueue) is started and warmed up; then `--posts` asynchronous
-POSTs go over `--producers` keep-alive connections (the minimal HTTP/1.1 client of
-`bench/http.py`, in this process, so its CPU is not counted). The figure is the CPU
+Served (default): `taskward serve --workers W` (1 unless `--workers`, as
+`bench/peers.py`'s enqueue and `taskward serve` itself) is started and warmed up;
+then `--posts` asynchronous POSTs go over `--producers` keep-alive connections (the
+minimal HTTP/1.1 client of `bench/http.py`, in this process, so its CPU is not
+counted). The figure is the CPU
 time (user + system, all threads, from /proc) of the serve process and its workers per
 POST, split by thread name (the event loop, the store threads, granian's own), and on
 PostgreSQL the CPU of the database's backends and the commits per POST
@@ -314,7 +315,7 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--stores", default="postgresql,sqlite")
     parser.add_argument("--workers", type=int, default=0,
-                        help="serve workers (default: 2 on PostgreSQL, 1 on SQLite)")
+                        help="serve workers (default: 1, as `taskward serve` and bench.peers)")
     parser.add_argument("--bare", action="store_true",
                         help="served: bench/bare_app.py instead of taskward (1 worker "
                         "unless --workers; --stores then only names the run)")
@@ -360,7 +361,7 @@ def main() -> None:
                           f"{figures['statements']:.2f} statements/POST {figures['by_kind']}, "
                           f"{figures['rate']:.0f}/s, {figures['statuses']}", flush=True)
                     continue
-                workers = args.workers or (1 if kind == "sqlite" or args.bare else 2)
+                workers = args.workers or 1
                 figures = served(settings, token, workers, args.producers, args.posts, logs,
                                  args.spy and f"{args.spy}.{kind}", args.bare)
                 kind = "bare" if args.bare else kind
