@@ -79,3 +79,16 @@ def test_a_cancel_frees_the_servers_slot_within_a_second(
     wait_until(lambda: llama.busy_slots() == 0, timeout=5, what="the slot to go idle")
     assert time.monotonic() - cancelled_at <= 1.0
     assert settled(sdk, created.id).status == "cancelled"
+
+
+def test_a_sweeper_logs_no_line_per_upstream_request(
+    sdk: openai.OpenAI, service: Service
+) -> None:
+    """httpx logs every request it sends at INFO; a worker process keeps that logger at
+    WARNING (docs/operations.md) while its own INFO lines still come out."""
+    created = sdk.responses.create(model=MODEL, input=COUNTING, background=True,
+                                   temperature=0, max_output_tokens=4)
+    assert settled(sdk, created.id).status == "completed"
+    log = (Path(service.env["TASKWARD_MODELS_DIR"]).parent / "sweeper-0.log").read_text()
+    assert " INFO " in log
+    assert "HTTP Request:" not in log
