@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from core.engines.upstream.transport import END, DataLines, _pump
+from core.engines.upstream.transport import END, DataLines, _new_client, _pump
 
 
 def fed(*pieces: bytes) -> list[bytes]:
@@ -65,3 +65,41 @@ def test_a_broken_payload_comes_after_what_its_read_brought_before_it() -> None:
     assert items[0] == [{"n": 1}]
     assert isinstance(items[1], ValueError)
     assert items[2:] == [END]
+
+
+def test_a_cookie_an_upstream_sets_is_not_sent_on_the_next_request() -> None:
+    """The one client serves every attempt of every client: a cookie from one answer
+    (a load balancer's, say) must not ride along on the others. A stand-in upstream
+    (a server a user does not run: any HTTP server setting a cookie) sets one on every
+    answer and records what each request carried."""
+    carried: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                writer.close()
+                return
+            lines = head.lower().split(b"\r\n")
+            length = next((int(line.split(b":")[1]) for line in lines
+                           if line.startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            carried.append(b"".join(line for line in lines if line.startswith(b"cookie:")))
+            writer.write(b"HTTP/1.1 200 OK\r\nSet-Cookie: lb=node-1; Path=/\r\n"
+                         b"Content-Length: 0\r\n\r\n")
+            await writer.drain()
+
+    async def run() -> None:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            client = await _new_client(httpx.Limits(max_connections=2))
+            async with client:
+                for _ in range(2):
+                    got = await client.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                            json={})
+                    assert got.headers["set-cookie"].startswith("lb=")
+
+    asyncio.run(run())
+    assert carried == [b"", b""]

@@ -20,7 +20,8 @@ instead of each attempt's engine thread waking on its own to look (measured: 20 
 a second per waiting attempt, for nothing). The timer runs only while a stream is open.
 
 One pooled `httpx.AsyncClient` per process (re-created after a fork), redirects never
-followed: a redirect could send the request, and its key, to a host nobody allowed.
+followed: a redirect could send the request, and its key, to a host nobody allowed;
+cookies never kept, so nothing of one attempt's answer rides along on another's.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any, Protocol
 
 import httpx
@@ -107,8 +109,11 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 async def _new_client(limits: httpx.Limits) -> httpx.AsyncClient:
     """Direct connections over asyncio's own sockets (`network`); a proxy named by the
-    environment is still reached through httpx's own transport."""
-    return httpx.AsyncClient(follow_redirects=False, limits=limits,
+    environment is still reached through httpx's own transport. No cookies kept: the
+    client serves every attempt of every client, so a cookie one upstream answer set
+    (a load balancer's, say) would ride along on the requests of all the others."""
+    no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+    return httpx.AsyncClient(follow_redirects=False, limits=limits, cookies=no_cookies,
                              transport=asyncio_transport(limits))
 
 
