@@ -179,13 +179,15 @@ def test_attempts_behind_a_long_one_in_a_claim_start_on_threads_of_their_own(
 ) -> None:
     """A long engine first in a claim does not hold the rest back beyond the hand-over
     time: they start on other engine threads and complete while it still runs."""
-    slow = new_task(db, model_id, input="words=3 delay=0.5")  # 1.5 s in all
+    # 3 s in all; the short ones get 2.5 s, room for a slow machine under the suite's
+    # load (1.2 s of 1.5 timed out there once), none for waiting on the slow one.
+    slow = new_task(db, model_id, input="words=4 delay=0.75")
     short = [new_task(db, model_id, input="words=2") for _ in range(3)]
     workers = Workers(db, fast)
     started = _recording_threads(workers)
     try:
         assert workers.claim() == 4
-        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 3, timeout=1.2,
+        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 3, timeout=2.5,
                    what="the three short tasks, while the slow one runs")
         assert task_row(db, slow).status != Status.COMPLETED
         wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 4, timeout=10,
