@@ -5,14 +5,14 @@ a flush's cost is its transaction (the commit, the pooled connection, the writer
 turn), not its rows: at 8 streams that was most of the runners' CPU per token
 (docs/benchmarks.md, "the eighth wave"). Each attempt tells this group when its next
 time-based flush is due and how to wake it. The attempt whose flush comes first leads:
-it calls the attempts due within `JOIN_MS` after it to flush now, early, and a
+it calls the attempts due within its join window after it to flush now, early, and a
 `GroupCommit` writes all of them in one transaction, each fenced on its own
 (`worker_writes.append_outputs`), once they are in (at most `GATHER_SECONDS`). Those
 that flushed together start their next text within one token's gap of each other, so
 at the next interval they are due close together again and the first calls the rest:
 streams side by side keep sharing one transaction per interval. A call replaces the
 wake-up the attempt would have had for its own flush a moment later; no text waits
-longer than before, some less (at most `JOIN_MS`).
+longer than before, some less (at most the window, `join_window_ms`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,20 @@ _QUIET_SECONDS = 0.001
 _CALLED = 0  # the due time of an attempt called to flush now: due, so waited for
 
 
+def join_window_ms(flush_interval_ms: int) -> int:
+    """A worker's `join_ms`: half the flush interval. Streams of one upstream get their
+    tokens in the same decode step, so one whose flushes fell a step behind the others'
+    stays that far behind; at a quarter interval a step (26-30 ms for llama-server's 4
+    streams on 2 cores) was too far to be called, and it wrote alone at every interval.
+    With half, a group due later than half an interval after another calls that one at
+    its own flush (the other is then due within half): any two groups merge."""
+    return flush_interval_ms // 2
+
+
 class FlushGroup:
     def __init__(self, db: Database, *, join_ms: int) -> None:
         """`join_ms`: how much earlier than due an attempt is called to flush with another
-        (a quarter of the flush interval, say: the gap between tokens is far less)."""
+        (`join_window_ms` for a worker's attempts)."""
         self._db = db
         self._clock: Clock = db.clock
         self._join_ms = join_ms

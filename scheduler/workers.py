@@ -38,7 +38,7 @@ from core.store.database import Database
 from core.thread_names import name_pool_thread
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
-from scheduler.flush_group import FlushGroup
+from scheduler.flush_group import FlushGroup, join_window_ms
 from scheduler.group_commit import GroupCommit, gather
 from scheduler.handoff import Handoffs
 from scheduler.heartbeat import LeaseKeeper
@@ -93,7 +93,7 @@ class Workers:
             self._complete_group, running=self._may_submit, gather_seconds=_GATHER_SECONDS,
             quiet_seconds=_QUIET_SECONDS)
         # Attempts flushing close together share a transaction.
-        self._flushes = FlushGroup(db, join_ms=settings.flush_interval_ms // 4)
+        self._flushes = FlushGroup(db, join_ms=join_window_ms(settings.flush_interval_ms))
         # A slot's runner (or engine thread) may still be writing a group of completions
         # (its own among them) while the slot's next attempt runs: twice the threads,
         # never more attempts than slots.

@@ -18,7 +18,7 @@ from core.store import worker_writes
 from core.store.database import Database
 from core.store.worker_writes import OutputWrite
 from scheduler import flush_group
-from scheduler.flush_group import GATHER_SECONDS, FlushGroup
+from scheduler.flush_group import GATHER_SECONDS, FlushGroup, join_window_ms
 from tests.clocks import HandClock
 from tests.engines import expected_text
 from tests.scheduler.helpers import run_pass, streamed_text
@@ -107,6 +107,30 @@ def test_a_flush_calls_the_attempts_due_within_the_window_into_its_transaction(
     assert not patient_group.called("c")
 
 
+def test_a_workers_groups_one_decode_step_apart_merge(
+    monkeypatch: pytest.MonkeyPatch, groups: list[list[str]]
+) -> None:
+    """llama-server makes every busy stream's token in one decode step, ~26-30 ms apart
+    at 4 streams on a 2-core machine: a stream whose flushes fell one step behind the
+    others' is due that much after them at every interval. A worker's window (half the
+    flush interval, `join_window_ms`) calls it into their transaction; a quarter did
+    not, and it wrote alone at every interval (twice the write transactions per token,
+    docs/benchmarks.md). A group due later than half an interval calls the other at its
+    own flush, when the other is due within half: any two groups merge."""
+    monkeypatch.setattr(flush_group, "GATHER_SECONDS", LONG)
+    monkeypatch.setattr(flush_group, "_QUIET_SECONDS", LONG)
+    group = FlushGroup(cast(Database, _Store()), join_ms=join_window_ms(100))
+    call_b, b_done, _ = runner(group, "b")
+    group.due("b", now_ms() + 30, call_b)  # one decode step behind the leader
+    group.write(write("a"))
+    assert b_done.wait(LONG)
+    call_a, a_done, _ = runner(group, "a")
+    group.due("a", now_ms() + 40, call_a)  # due 100 ms after its flush, 60 before "c"'s
+    group.write(write("c"))
+    assert a_done.wait(LONG)
+    assert [sorted(g) for g in groups] == [["a", "b"], ["a", "c"]]
+
+
 def test_a_first_flush_calls_nobody_and_waits_for_nobody(
     group: FlushGroup, groups: list[list[str]]
 ) -> None:
@@ -169,3 +193,4 @@ def test_attempts_streaming_side_by_side_share_flush_transactions(
         assert_log_sound(db, task_id)
     assert max(sizes) >= 2, sizes
     assert len(sizes) < sum(sizes)
+
