@@ -8,6 +8,8 @@ For each store (SQLite FULL, SQLite NORMAL, PostgreSQL) it prints:
   16 requests arrive together;
 - claim + start + complete per second (claims in batches of 10, as a sweeper does);
 - claims of one upstream task each per second (a stream's task claimed as it arrives);
+- reads of one task per second (`get_response`: a read transaction, as `GET
+  /v1/responses/{id}` makes);
 then, on SQLite, `recover` of 100,000 leftover tasks and retention of 1,000,000
 finished tasks with the longest write-lock hold of any batch.
 The machine is shared and noisy: compare ratios within one run, not across runs.
@@ -36,6 +38,7 @@ from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.recovery import recover
 from core.store.retention import remove_expired
+from core.store.tasks import get_response
 from core.tables import models, responses, task_events
 from core.tables import tasks as tasks_table
 from infra.migrate import upgrade
@@ -117,9 +120,12 @@ def store_rates(db: Database, count: int) -> dict[str, float]:
             worker_writes.start_running(db, claimed.task_id, claimed.owner_token)
             completion.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage(1, 1))
             done += 1
-    return {"enqueue_per_s": enqueue_rate, "group_enqueue_per_s": group_rate,
-            "claim_finish_per_s": done / (time.perf_counter() - start),
-            "upstream_claim_per_s": upstream_claim_rate(db, count)}
+    figures = {"enqueue_per_s": enqueue_rate, "group_enqueue_per_s": group_rate,
+               "claim_finish_per_s": done / (time.perf_counter() - start),
+               "upstream_claim_per_s": upstream_claim_rate(db, count)}
+    task_id = new_tasks.enqueue(db, births.NewTask(client_id="bench", model="m",
+                                                   request_json=request)).task_id
+    return {**figures, "read_per_s": rate(count, lambda _: get_response(db, task_id, None))}
 
 
 def upstream_claim_rate(db: Database, count: int) -> float:
@@ -148,7 +154,8 @@ def rates_line(store: str, raw: float, figures: dict[str, float]) -> str:
     return (f"{store:13} raw commits/s {raw:7.0f} | enqueue/s {one:6.0f} ({one / raw:.2f} x raw)"
             f" | {GROUP} per commit {group:6.0f} ({group / raw:.2f} x raw)"
             f" | claim+finish/s {figures['claim_finish_per_s']:5.0f}"
-            f" | upstream claims/s {figures['upstream_claim_per_s']:5.0f}")
+            f" | upstream claims/s {figures['upstream_claim_per_s']:5.0f}"
+            f" | task reads/s {figures['read_per_s']:5.0f}")
 
 
 def bulk_tasks(db: Database, count: int, *, status: str, events_each: int,

