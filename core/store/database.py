@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -247,7 +246,10 @@ def _heard_after_commit(conn: Connection) -> list[tuple[str, Any]]:
 
 
 def _take_over_sqlite_transactions(engine: Engine) -> None:
-    """Let SQLAlchemy, not the sqlite3 module, emit BEGIN, so writes can be IMMEDIATE."""
+    """Begin transactions ourselves, not the sqlite3 module, so writes can be IMMEDIATE.
+
+    The driver's errors are the dialect's DBAPI module's (sqlite3's), looked up here
+    rather than imported: a PostgreSQL process never loads that module."""
     if getattr(engine, "_taskward_hooked", False):
         return
     engine._taskward_hooked = True  # type: ignore[attr-defined]
@@ -255,6 +257,8 @@ def _take_over_sqlite_transactions(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _autocommit_driver(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
+
+    driver_error = engine.dialect.loaded_dbapi.Error
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
@@ -266,8 +270,8 @@ def _take_over_sqlite_transactions(engine: Engine) -> None:
         # statement). Its error, if any, is raised as SQLAlchemy's, as the rest are.
         try:
             conn.connection.driver_connection.execute("BEGIN")  # type: ignore[union-attr]
-        except sqlite3.Error as exc:
-            raise DBAPIError.instance("BEGIN", (), exc, sqlite3.Error) from exc
+        except driver_error as exc:
+            raise DBAPIError.instance("BEGIN", (), exc, driver_error) from exc
 
 
 class _WriterQueue:
