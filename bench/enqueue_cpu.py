@@ -6,12 +6,11 @@ Served (default): `taskward serve --workers W` (1 unless `--workers`, as
 `bench/peers.py`'s enqueue and `taskward serve` itself) is started and warmed up;
 then `--posts` asynchronous POSTs go over `--producers` keep-alive connections (the
 minimal HTTP/1.1 client of `bench/http.py`, in this process, so its CPU is not
-counted). The figure is the CPU
-time (user + system, all threads, from /proc) of the serve process and its workers per
-POST, split by thread name (the event loop, the store threads, granian's own), and on
-PostgreSQL the CPU of the database's backends and the commits per POST
-(`pg_stat_database`). Unlike the requests per second beside it, it hardly depends on
-what else runs on this shared machine.
+counted). The figure is the CPU time (user + system, all threads, from /proc) of the
+serve process and its workers per POST, split by thread name (the event loop, the
+store threads, granian's own), and on PostgreSQL the CPU of the database's backends
+and the commits per POST (`pg_stat_database`). Unlike the requests per second beside
+it, it hardly depends on what else runs on this shared machine.
 
 `--bare`: the same, served the same way (`infra.server.serve`, 1 worker), against
 `bench/bare_app.py`, a Litestar app with one POST handler and nothing else: what

@@ -164,9 +164,9 @@ class LiveTail:
                 if not self._waiters:  # none came between the look and the clear
                     self._work.wait()
                 continue
-            polled = list(self._waiters)
-            if time.monotonic() - all_polled_at >= HELD_POLL_SECONDS:
-                all_polled_at = time.monotonic()
+            polled, now = list(self._waiters), time.monotonic()
+            if now - all_polled_at >= HELD_POLL_SECONDS:
+                all_polled_at = now
             else:
                 held = self._db.held_here
                 polled = [task_id for task_id in polled if task_id not in held]

@@ -142,16 +142,24 @@ def test_sse_for_another_clients_task_is_404(
     assert (answer.status_code, answer.json()["code"]) == (404, "task_not_found")
 
 
+def recorded_polls(monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+    """The task ids of each of the live tail's polls from now on, in order."""
+    polls: list[set[str]] = []
+
+    def recorded(store: Database, polled: list[str]) -> dict[str, int]:
+        polls.append(set(polled))
+        return log_positions(store, polled)
+
+    monkeypatch.setattr(live, "log_positions", recorded)
+    return polls
+
+
 def test_the_live_tail_polls_once_per_tick_for_all_waiters(
     alice: Caller, model_id: str, db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     task_ids = [create(alice, model_id) for _ in range(20)]
-    polls: list[set[str]] = []
+    polls = recorded_polls(monkeypatch)
     tail = LiveTail(db, interval_seconds=0.05)
-
-    def counted(store: Database, polled: list[str]) -> dict[str, int]:
-        polls.append(set(polled))
-        return log_positions(store, polled)
 
     async def forty_waiters() -> list[bool]:
         await tail.start()
@@ -161,7 +169,6 @@ def test_the_live_tail_polls_once_per_tick_for_all_waiters(
         finally:
             await tail.stop()
 
-    monkeypatch.setattr(live, "log_positions", counted)
     woken = asyncio.run(forty_waiters())
     assert woken == [False] * 40  # nothing happened: all timed out
     assert 3 <= len(polls) <= 15  # about one query per 50 ms tick, not 40 per tick
@@ -179,13 +186,7 @@ def test_tasks_held_here_are_polled_only_as_a_safety_net(
     held, free = create(alice, model_id), create(alice, model_id)
     elsewhere = Database(create_db_engine(settings))  # its commits are not heard here
     monkeypatch.setattr(live, "HELD_POLL_SECONDS", 0.4)
-    polls: list[set[str]] = []
-
-    def counted(store: Database, polled: list[str]) -> dict[str, int]:
-        polls.append(set(polled))
-        return log_positions(store, polled)
-
-    monkeypatch.setattr(live, "log_positions", counted)
+    polls = recorded_polls(monkeypatch)
     tail = LiveTail(db, interval_seconds=0.02)
 
     async def quiet_then_claimed_elsewhere() -> tuple[list[bool], bool, float]:

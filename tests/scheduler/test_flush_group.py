@@ -24,7 +24,8 @@ from tests.engines import expected_text
 from tests.scheduler.helpers import run_pass, streamed_text
 from tests.store.helpers import assert_log_sound, new_task
 
-JOIN_MS = 25
+INTERVAL_MS = 100
+JOIN_MS = join_window_ms(INTERVAL_MS)  # a worker's window at that flush interval
 LONG = 30.0  # a window no test may wait out
 NOW_MS = 1_800_000_000_000
 
@@ -108,7 +109,7 @@ def test_a_flush_calls_the_attempts_due_within_the_window_into_its_transaction(
 
 
 def test_a_workers_groups_one_decode_step_apart_merge(
-    monkeypatch: pytest.MonkeyPatch, groups: list[list[str]]
+    patient_group: FlushGroup, groups: list[list[str]]
 ) -> None:
     """llama-server makes every busy stream's token in one decode step, ~26-30 ms apart
     at 4 streams on a 2-core machine: a stream whose flushes fell one step behind the
@@ -117,15 +118,13 @@ def test_a_workers_groups_one_decode_step_apart_merge(
     not, and it wrote alone at every interval (twice the write transactions per token,
     docs/benchmarks.md). A group due later than half an interval calls the other at its
     own flush, when the other is due within half: any two groups merge."""
-    monkeypatch.setattr(flush_group, "GATHER_SECONDS", LONG)
-    monkeypatch.setattr(flush_group, "_QUIET_SECONDS", LONG)
-    group = FlushGroup(cast(Database, _Store()), join_ms=join_window_ms(100))
+    group = patient_group
     call_b, b_done, _ = runner(group, "b")
     group.due("b", now_ms() + 30, call_b)  # one decode step behind the leader
     group.write(write("a"))
     assert b_done.wait(LONG)
     call_a, a_done, _ = runner(group, "a")
-    group.due("a", now_ms() + 40, call_a)  # due 100 ms after its flush, 60 before "c"'s
+    group.due("a", now_ms() + 40, call_a)  # due an interval after its flush, 60 before "c"'s
     group.write(write("c"))
     assert a_done.wait(LONG)
     assert [sorted(g) for g in groups] == [["a", "b"], ["a", "c"]]
@@ -193,4 +192,3 @@ def test_attempts_streaming_side_by_side_share_flush_transactions(
         assert_log_sound(db, task_id)
     assert max(sizes) >= 2, sizes
     assert len(sizes) < sum(sizes)
-
