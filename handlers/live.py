@@ -31,7 +31,10 @@ A task that this process's own workers hold (`Database.held_here`) logs every ev
 through this process, so its commits wake its waiters already; another process can
 only cancel it, which the holding worker hears within its lease keeper's tick and
 answers with events of its own. Such tasks are polled only every `HELD_POLL_SECONDS`,
-a safety net: a stream of `taskward run` then costs the poll thread no query per tick.
+a safety net: a stream of `taskward run` then costs the poll thread no query per tick,
+and while only such tasks are waited on, the thread sleeps until that poll is due, a
+waiter of another task comes, or a waited task is let go (another process may claim
+it next, and then only a poll tells).
 """
 
 from __future__ import annotations
@@ -100,8 +103,10 @@ class LiveTail:
         # Changed on the loop only; the poll thread reads it (a copy of the keys, a
         # lookup: atomic under the GIL, as a writer's `logged` lookup is).
         self._waiters: dict[str, list[_Waiter]] = {}
-        self._work = threading.Event()  # set when a waiter comes (or at stop)
+        self._work = threading.Event()  # set when a waiter comes, a waited task is let
+        # go by this process's worker, or at stop
         self._stopping = threading.Event()
+        self._idle = True  # the poll thread sleeps until `_work` is set, with no timeout
         self._poller: threading.Thread | None = None
         self._unlisten: Callable[[], None] = lambda: None
 
@@ -113,7 +118,13 @@ class LiveTail:
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                     loop.call_soon_threadsafe(self._heard, news)
 
-        self._unlisten = self._db.listen(EVENTS_CHANNEL, logged)
+        def released(task_id: str) -> None:  # on the worker's thread
+            if task_id in self._waiters:
+                self._work.set()
+
+        unlisten = self._db.listen(EVENTS_CHANNEL, logged)
+        unheld = self._db.held_here.on_release(released)
+        self._unlisten = lambda: (unlisten(), unheld())[-1]
         self._poller = named_thread(self._run, "taskward-live-tail", args=(loop,))
         self._poller.start()
 
@@ -140,7 +151,11 @@ class LiveTail:
         holds (or may hold) more. None when `timeout` seconds pass first."""
         waiter = _Waiter(seen_seq, asyncio.get_running_loop().create_future())
         self._waiters.setdefault(task_id, []).append(waiter)
-        if not self._work.is_set():
+        # The poll thread needs waking when it sleeps for want of waiters, and for a
+        # task this process does not hold; not for the waiters of held tasks that
+        # streams add after every flush, which its next safety poll covers.
+        if ((self._idle or task_id not in self._db.held_here)
+                and not self._work.is_set()):
             self._work.set()
         try:
             await asyncio.wait_for(waiter.woken, timeout)
@@ -156,23 +171,30 @@ class LiveTail:
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         """The poll thread: one query per tick while anyone waits on a task this
-        process does not hold, and one every `HELD_POLL_SECONDS` for all of them."""
+        process does not hold, and one every `HELD_POLL_SECONDS` for all of them.
+        `_idle` is set and `_work` cleared before the waiters are looked at, so a sleep
+        for want of waiters ends at the next one that comes, and a sleep between
+        safety polls at a waiter of a task not held here or a release of a waited one."""
         all_polled_at = 0.0
         while not self._stopping.is_set():
-            if not self._waiters:
-                self._work.clear()
-                if not self._waiters:  # none came between the look and the clear
-                    self._work.wait()
+            self._idle = True  # before the look: a waiter added after it sees this
+            self._work.clear()
+            waited = list(self._waiters)
+            if not waited:
+                self._work.wait()
                 continue
-            polled, now = list(self._waiters), time.monotonic()
+            self._idle = False
+            now = time.monotonic()
             if now - all_polled_at >= HELD_POLL_SECONDS:
-                all_polled_at = now
+                all_polled_at, polled = now, waited
             else:
                 held = self._db.held_here
-                polled = [task_id for task_id in polled if task_id not in held]
+                polled = [task_id for task_id in waited if task_id not in held]
             if polled:
                 self._poll(loop, polled)
-            self._stopping.wait(self._interval)
+                self._stopping.wait(self._interval)
+            else:  # all held here: nothing to poll until the safety poll is due
+                self._work.wait(all_polled_at + HELD_POLL_SECONDS - now)
 
     def _poll(self, loop: asyncio.AbstractEventLoop, polled: list[str]) -> None:
         """Read the logs' positions of `polled`; wake the waiters behind them."""

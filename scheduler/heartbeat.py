@@ -49,13 +49,13 @@ class LeaseKeeper:
     def hold(self, attempt: Attempt) -> None:
         with self._lock:
             self._held[attempt.task_id] = attempt
-            self._db.held_here.add(attempt.task_id)
+            self._db.held_here.hold(attempt.task_id)
 
     def drop(self, attempt: Attempt) -> None:
         with self._lock:
             if self._held.get(attempt.task_id) is attempt:
                 del self._held[attempt.task_id]
-                self._db.held_here.discard(attempt.task_id)
+                self._db.held_here.release(attempt.task_id)
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):

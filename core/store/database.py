@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.exc import DBAPIError
 
 from core.clock import Clock
+from core.store.held import HeldTasks
 
 if TYPE_CHECKING:
     from core.store.listener import PgListener
@@ -61,13 +62,7 @@ class Database:
         self.clock = clock or Clock()
         self.is_sqlite = engine.dialect.name == "sqlite"
         self._listeners: dict[str, list[Callable[[Any], None]]] = {}
-        # The tasks whose leases this process's workers hold (`scheduler.heartbeat`
-        # adds and drops them): every event of theirs is logged by this process, and
-        # announced to it, but a cancel's from elsewhere, which that worker hears
-        # within its tick. An API in the same process (`taskward run`) therefore polls
-        # their logs only as a safety net (`handlers.live`). `add`, `discard` and `in`
-        # need no lock of ours (each is atomic under the interpreter's).
-        self.held_here: set[str] = set()
+        self.held_here = HeldTasks()  # tasks this process's workers hold (`held`)
         self._writers = _WriterQueue(engine.url.database if self.is_sqlite else None)
         if self.is_sqlite:
             _take_over_sqlite_transactions(engine)

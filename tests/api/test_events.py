@@ -201,11 +201,11 @@ def test_tasks_held_here_are_polled_only_as_a_safety_net(
         finally:
             await tail.stop()
 
-    db.held_here.add(held)
+    db.held_here.hold(held)
     try:
         quiet, woken, late = asyncio.run(quiet_then_claimed_elsewhere())
     finally:
-        db.held_here.discard(held)
+        db.held_here.release(held)
         elsewhere.dispose()
     assert quiet == [False, False]
     ticks = [polled for polled in polls if free in polled]
@@ -213,6 +213,81 @@ def test_tasks_held_here_are_polled_only_as_a_safety_net(
     assert len(ticks) >= 15  # the free task at every tick of the quiet second
     assert 1 <= len(with_held) <= 6  # the held one about every 0.4 s, not every tick
     assert woken is True and late < 2.0  # the safety poll saw the other process's claim
+
+
+def voluntary_switches(thread: threading.Thread) -> int:
+    """How often `thread` has slept so far (Linux counts it per thread)."""
+    with open(f"/proc/self/task/{thread.native_id}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in the thread's status")
+
+
+def test_the_poll_thread_sleeps_while_only_held_tasks_are_waited_on(
+    alice: Caller, model_id: str, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With only tasks this process holds to follow, the poll thread does not tick at
+    all between safety polls; streams that wait again after every flush of a held task
+    do not wake it either."""
+    held = create(alice, model_id)
+    monkeypatch.setattr(live, "HELD_POLL_SECONDS", 0.5)
+    polls = recorded_polls(monkeypatch)
+    tail = LiveTail(db, interval_seconds=0.01)
+
+    async def waiting_again_and_again() -> int:
+        await tail.start()
+        try:
+            assert tail._poller is not None
+            await tail.wait(held, 1, 0.1)  # the first safety poll is behind us
+            before = voluntary_switches(tail._poller)
+            for _ in range(20):  # as a stream re-waits after each flush
+                await tail.wait(held, 1, 0.05)
+            return voluntary_switches(tail._poller) - before
+        finally:
+            await tail.stop()
+
+    db.held_here.hold(held)
+    try:
+        slept = asyncio.run(waiting_again_and_again())
+    finally:
+        db.held_here.release(held)
+    assert slept <= 15  # ticking at 10 ms would be ~100 in the second: about 2 safety polls
+    assert 1 <= len(polls) <= 5
+
+
+def test_a_waited_task_let_go_here_is_polled_at_once_again(
+    alice: Caller, model_id: str, db: Database, settings: Any,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When this process's worker lets a waited task go, the poll thread hears it: a
+    claim by another process afterwards wakes the waiter within ticks, not at the next
+    safety poll (set far off here)."""
+    task_id = create(alice, model_id)
+    elsewhere = Database(create_db_engine(settings))  # its commits are not heard here
+    monkeypatch.setattr(live, "HELD_POLL_SECONDS", 60.0)
+    tail = LiveTail(db, interval_seconds=0.02)
+
+    async def let_go_then_claimed_elsewhere() -> tuple[bool, float]:
+        await tail.start()
+        try:
+            waiting = asyncio.ensure_future(tail.wait(task_id, 1, 10))
+            await asyncio.sleep(0.2)  # the first safety poll is done; now it sleeps
+            await asyncio.to_thread(db.held_here.release, task_id)
+            await asyncio.to_thread(start_due, elsewhere)
+            claimed = asyncio.get_running_loop().time()
+            woken = await waiting
+            return woken, asyncio.get_running_loop().time() - claimed
+        finally:
+            await tail.stop()
+
+    db.held_here.hold(task_id)
+    try:
+        woken, late = asyncio.run(let_go_then_claimed_elsewhere())
+    finally:
+        db.held_here.release(task_id)
+        elsewhere.dispose()
+    assert woken is True and late < 1.0
 
 
 def test_the_live_tail_wakes_a_waiter_when_its_log_grows(
