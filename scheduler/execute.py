@@ -287,13 +287,13 @@ def _follow(
             elif isinstance(item, Chunk):
                 output.add(item, clock.now_ms())
                 if output.full():
-                    writes.flush(clock.now_ms())
+                    writes.flush()
             elif isinstance(item, _Ended):
                 return writes.complete()
             elif isinstance(item, _Raised):
                 return _engine_raised(db, settings, attempt, item.error)
             elif isinstance(item, _FlushCalled):
-                writes.flush_called(clock.now_ms())
+                writes.flush_called()
         # Time-based flushes only once all that was taken is pending: chunks held while
         # text waited arrived before now, and belong in the flush that is due.
         writes.when_due(clock.now_ms())
@@ -333,14 +333,14 @@ class _Writes:
 
     def when_due(self, now: int) -> None:
         if self._output.flush_due(now):
-            self.flush(now)
+            self.flush()
         elif self._start_wait(now) == 0:
             worker_writes.start_running(self._db, self._attempt.task_id,
                                         self._attempt.claim.owner_token)
             self._running = True
 
-    def flush(self, now: int) -> None:
-        flush = self._output.take_flush(now)
+    def flush(self) -> None:
+        flush = self._output.take_flush()
         if flush is not None:
             self._told_due_ms = None  # the group forgets a flush it takes
             # The first flush calls nobody, so that it waits for nobody either.
@@ -350,11 +350,11 @@ class _Writes:
                 start=not self._running), call_others=not flush.first)
             self._running = True
 
-    def flush_called(self, now: int) -> None:
+    def flush_called(self) -> None:
         """Flush now if the group still waits for it (a call may come late, after the
         flush it called for was written on this attempt's own time)."""
         if self._flushes.called(self._attempt.task_id):
-            self.flush(now)
+            self.flush()
 
     def tell_due(self) -> None:
         """Tell the flush group when the pending text is due, if that changed."""
@@ -387,7 +387,7 @@ def _stop(
     if reason is StopReason.CANCEL:
         raise CancelRequested(claim.task_id)
     if reason is StopReason.HAND_BACK:
-        writes.flush(db.clock.now_ms())  # a resume task keeps all it made
+        writes.flush()  # a resume task keeps all it made
         worker_writes.release(db, claim.task_id, claim.owner_token)
         return Outcome.RELEASED
     return _retry(db, settings, attempt, TIMEOUT, "the attempt exceeded the execution timeout")

@@ -103,11 +103,8 @@ class Output:
         wait = self._interval_ms if self._flushed else min(FIRST_FLUSH_MS, self._interval_ms)
         return self._pending_since_ms + wait
 
-    def take_flush(self, now_ms: int) -> Flush | None:
-        """The pending text as one delta event (opening item/part first if needed).
-
-        `now_ms` is no longer needed (text is timed from its arrival); it stays while
-        `scheduler.execute` passes it."""
+    def take_flush(self) -> Flush | None:
+        """The pending text as one delta event (opening item/part first if needed)."""
         if not self._pending:
             return None
         first, self._flushed = not self._flushed, True

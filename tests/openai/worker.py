@@ -26,7 +26,7 @@ def write_attempt(db: Database, claim: claims.Claim, words: int, *, finish: bool
     output = Output(claim, interval_ms=0, max_bytes=1, now_ms=0)
     for pos in range(words):
         output.add(Chunk(f"w{pos} ", {"pos": pos + 1}, Usage(3, pos + 1)), 0)
-    flush = output.take_flush(1)
+    flush = output.take_flush()
     assert flush is not None
     worker_writes.append_output(db, claim.task_id, claim.owner_token, flush.events, text=flush.text,
                                 snapshot_json=flush.snapshot_json, usage=flush.usage)
