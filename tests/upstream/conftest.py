@@ -3,7 +3,7 @@ and a `taskward` service whose model `smol` is an upstream entry pointing at the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +13,7 @@ from core.engines.registry import register_engine
 from core.engines.upstream.engine import NAME, OpenAIEngine
 from core.settings import Settings
 from tests.upstream.llama import LlamaServer
+from tests.upstream.scripted import Scripted
 
 
 @pytest.fixture(scope="module")
@@ -45,3 +46,17 @@ def fresh_openai_engine() -> None:
     """The registry keeps one engine per process, built from the first settings it sees
     (a process has one set); each in-process test gets one built from its own."""
     register_engine(NAME, OpenAIEngine)
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., Scripted]]:
+    """Stand-in upstreams (tests/upstream/scripted.py) a test starts; stopped after it."""
+    servers: list[Scripted] = []
+
+    def make(reads: list[bytes], pause: float = 0.05) -> Scripted:
+        servers.append(Scripted(reads, pause))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.stop()

@@ -5,11 +5,9 @@ the same order either way, what a read brought before an error first, and nothin
 
 from __future__ import annotations
 
-import asyncio
-import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,88 +15,9 @@ import pytest
 from core.engines.base import Chunk, EngineError, EngineOptions, GenerationRequest, UpstreamModel
 from core.engines.upstream.engine import OpenAIEngine
 from core.engines.upstream.routing import Router
+from tests.upstream.scripted import USAGE, Scripted, delta
 
 REQUEST = GenerationRequest([{"role": "user", "content": "count"}], max_output_tokens=16)
-
-
-def delta(text: str, finish: str | None = None) -> bytes:
-    chunk = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
-    return f"data: {json.dumps(chunk)}\n\n".encode()
-
-
-USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}\n\n'
-
-
-class Scripted:
-    """A one-route HTTP/1.1 server streaming `reads` (each written, then a pause, so each
-    is one network read) as a chunked SSE body, on a loop thread of its own."""
-
-    def __init__(self, reads: list[bytes], pause: float = 0.05) -> None:
-        self.reads = reads
-        self.pause = pause
-        self.closed = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self.port = 0
-
-        async def serve() -> None:
-            server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
-            self.port = server.sockets[0].getsockname()[1]
-            started.set()
-            async with server:
-                await server.serve_forever()
-
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self._serving = asyncio.run_coroutine_threadsafe(serve(), self._loop)
-        started.wait(5)
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
-            await reader.readexactly(length)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                         b"Transfer-Encoding: chunked\r\n\r\n")
-            for data in self.reads:
-                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-                await writer.drain()
-                await asyncio.sleep(self.pause)
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-            self.closed.set()
-
-    def stop(self) -> None:
-        async def shut() -> None:
-            self._serving.cancel()
-            others = asyncio.all_tasks() - {asyncio.current_task()}
-            for task in others:
-                task.cancel()
-            await asyncio.gather(*others, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        self._loop.close()
-
-
-@pytest.fixture
-def scripted() -> Iterator[Callable[..., Scripted]]:
-    servers: list[Scripted] = []
-
-    def make(reads: list[bytes], pause: float = 0.05) -> Scripted:
-        servers.append(Scripted(reads, pause))
-        return servers[-1]
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 def generated(
