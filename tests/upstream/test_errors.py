@@ -1,19 +1,22 @@
 """Upstream failures end attempts with SPEC's codes (both stores, a real llama-server):
-an unreachable server is retried, then dead-lettered; a refusal fails at once."""
+an unreachable server is retried, then dead-lettered; a refusal fails at once. And what
+a broken upstream streams cannot wedge an attempt."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from core.settings import Settings
 from core.states import Status
 from core.store.database import Database
-from tests.scheduler.helpers import event_data, run_pass
+from tests.scheduler.helpers import event_data, output_text, run_pass, streamed_text
 from tests.scheduler.processes import free_port
 from tests.store.helpers import task_row
 from tests.upstream.helpers import add_upstream, enqueue
 from tests.upstream.llama import LlamaServer
+from tests.upstream.scripted import USAGE, Scripted, delta
 
 
 def run_until_finished(db: Database, settings: Settings, task_id: str, seconds: float = 30) -> None:
@@ -79,3 +82,24 @@ def test_a_host_no_longer_allowed_is_refused_at_use(
     row = task_row(db, task_id)
     assert (row.status, row.error_code) == (Status.FAILED, "upstream_host_not_allowed")
     assert llama.busy_slots() == 0
+
+
+def test_a_lone_surrogate_from_a_broken_upstream_is_stored_as_a_replacement(
+    db: Database, quick: Settings, scripted: Callable[..., Scripted]
+) -> None:
+    """JSON can escape a lone surrogate that no UTF-8 text holds. A stand-in upstream (no
+    real server sends one) streams it: the task completes with U+FFFD in its place. It
+    used to crash every attempt where the output's size is measured, and the task hung
+    until its lease ran out, then again on every retry."""
+    lone = (b'data: {"choices": [{"index": 0, "delta": {"content": "ok \\ud800 end"}, '
+            b'"finish_reason": null}]}\n\n')
+    server = scripted([delta("One "), lone, delta("", "stop"), USAGE, b"data: [DONE]\n\n"],
+                      pause=0.01)
+    add_upstream(db, [server.base_url])
+    [task_id] = enqueue(db, max_output_tokens=4)
+
+    run_until_finished(db, quick, task_id, seconds=10)
+
+    row = task_row(db, task_id)
+    assert (row.status, row.attempts) == (Status.COMPLETED, 1)
+    assert output_text(db, task_id) == streamed_text(db, task_id) == "One ok \ufffd end"

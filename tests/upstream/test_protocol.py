@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
@@ -39,6 +40,14 @@ def test_a_chunk_without_a_list_of_choices_carries_no_text(chunk: dict[str, obje
     # A server's odd shape is no text, not a crash of the attempt (a dict of choices
     # raised KeyError).
     assert parse_chunk(chunk, "http://u") == Piece("")
+
+
+def test_a_lone_surrogate_in_a_delta_becomes_the_replacement_character() -> None:
+    # JSON may escape a lone surrogate and Python's parser keeps it; no UTF-8 text can.
+    lone = json.loads('{"choices": [{"delta": {"content": "ok \\ud800 end\\udc00"}}]}')
+    assert parse_chunk(lone, "http://u").text == "ok \ufffd end\ufffd"
+    pair = json.loads('{"choices": [{"delta": {"content": "\\ud83d\\ude00 \u00e9"}}]}')
+    assert parse_chunk(pair, "http://u").text == "\U0001f600 \u00e9"  # a pair is kept
 
 
 @pytest.mark.parametrize(("status", "code", "retryable"), [

@@ -75,13 +75,29 @@ def parse_chunk(chunk: Any, url: str) -> Piece:
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         delta = choices[0].get("delta") or {}
         content = delta.get("content") if isinstance(delta, dict) else None
-        text = content if isinstance(content, str) else ""
+        text = storable(content) if isinstance(content, str) else ""
         finished = choices[0].get("finish_reason") is not None
     usage = chunk.get("usage")
     if isinstance(usage, dict):
         return Piece(text, finished, _count(usage.get("prompt_tokens")),
                      _count(usage.get("completion_tokens")))
     return Piece(text, finished)
+
+
+def storable(text: str) -> str:
+    """`text` with every lone surrogate made U+FFFD, as undecodable bytes would be.
+
+    JSON may escape one (`"\\ud800"`) and Python's parser keeps it, but no UTF-8 text
+    holds it: from a broken or hostile upstream it made the attempt fail where its
+    output is measured and stored, again on every retry. A valid pair is one character
+    by then, so only lone ones change."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
 
 
 def _count(value: Any) -> int | None:
