@@ -252,7 +252,7 @@ def test_the_poll_thread_sleeps_while_only_held_tasks_are_waited_on(
         slept = asyncio.run(waiting_again_and_again())
     finally:
         db.held_here.release(held)
-    assert slept <= 15  # ticking at 10 ms would be ~100 in the second: about 2 safety polls
+    assert slept <= 25  # ticking at 10 ms: ~100 in the second; seen here: 4-7
     assert 1 <= len(polls) <= 5
 
 
