@@ -8,9 +8,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from sqlalchemy import select
+
 from core.settings import Settings
 from core.states import Status
 from core.store.database import Database
+from core.tables import responses
 from tests.scheduler.helpers import event_data, output_text, run_pass, streamed_text
 from tests.scheduler.processes import free_port
 from tests.store.helpers import task_row
@@ -103,3 +106,28 @@ def test_a_lone_surrogate_from_a_broken_upstream_is_stored_as_a_replacement(
     row = task_row(db, task_id)
     assert (row.status, row.attempts) == (Status.COMPLETED, 1)
     assert output_text(db, task_id) == streamed_text(db, task_id) == "One ok \ufffd end"
+
+
+def test_a_token_count_beyond_the_store_from_a_broken_upstream_is_not_reported(
+    db: Database, quick: Settings, scripted: Callable[..., Scripted]
+) -> None:
+    """A stand-in upstream (no real server reports one) reports 10**11 prompt tokens:
+    the task completes as if that count were not reported. It used to fail every
+    attempt's completion on PostgreSQL (out of range for its INTEGER column)."""
+    usage = (b'data: {"choices": [], "usage": {"prompt_tokens": 100000000000, '
+             b'"completion_tokens": 3}}\n\n')
+    server = scripted([delta("One"), delta("", "stop"), usage, b"data: [DONE]\n\n"],
+                      pause=0.01)
+    add_upstream(db, [server.base_url])
+    [task_id] = enqueue(db, max_output_tokens=4)
+
+    run_until_finished(db, quick, task_id, seconds=10)
+
+    assert (task_row(db, task_id).status, task_row(db, task_id).attempts) == (
+        Status.COMPLETED, 1)
+    completed = event_data(db, task_id, "response.completed")
+    assert completed  # the terminal event was logged
+    with db.read() as conn:
+        tokens = conn.execute(select(responses.c.input_tokens, responses.c.output_tokens)
+                              .where(responses.c.task_id == task_id)).one()
+    assert tuple(tokens) == (0, 3)

@@ -10,6 +10,7 @@ import pytest
 
 from core.engines.upstream.hosts import UrlRefused, check_allowed
 from core.engines.upstream.protocol import (
+    MAX_TOKENS,
     EchoStrip,
     Piece,
     parse_chunk,
@@ -40,6 +41,16 @@ def test_a_chunk_without_a_list_of_choices_carries_no_text(chunk: dict[str, obje
     # A server's odd shape is no text, not a crash of the attempt (a dict of choices
     # raised KeyError).
     assert parse_chunk(chunk, "http://u") == Piece("")
+
+
+@pytest.mark.parametrize(("reported", "counted"), [
+    (7, 7), (MAX_TOKENS, MAX_TOKENS), (MAX_TOKENS + 1, None), (10**11, None), (-1, None),
+    (True, None), (2.0, None), ("7", None)])
+def test_a_token_count_no_store_column_holds_is_not_reported(
+    reported: object, counted: int | None
+) -> None:
+    chunk = {"choices": [], "usage": {"prompt_tokens": reported, "completion_tokens": reported}}
+    assert parse_chunk(chunk, "http://u") == Piece("", False, counted, counted)
 
 
 def test_a_lone_surrogate_in_a_delta_becomes_the_replacement_character() -> None:

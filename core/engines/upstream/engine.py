@@ -121,7 +121,8 @@ class _Read:
             if piece.prompt_tokens is not None and not self.earlier_tokens:
                 progress.input_tokens = piece.prompt_tokens
             if piece.completion_tokens is not None:
-                progress.output_tokens = self.earlier_tokens + piece.completion_tokens
+                progress.output_tokens = min(self.earlier_tokens + piece.completion_tokens,
+                                             protocol.MAX_TOKENS)
                 counted = True
             elif piece.text:
                 progress.output_tokens += 1  # most servers stream one token per delta

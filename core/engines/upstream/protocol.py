@@ -23,6 +23,7 @@ STREAM_BROKEN = "upstream_stream_broken"
 KEY_MISSING = "upstream_key_missing"
 _RETRYABLE_STATUSES = frozenset({408, 500, 502, 503, 504})
 _MAX_RETRY_AFTER_SECONDS = 3600.0  # a floor for the backoff, not a way to park tasks
+MAX_TOKENS = 2**31 - 1  # what the store's token counts hold (INTEGER on PostgreSQL)
 
 
 def chat_body(
@@ -101,7 +102,11 @@ def storable(text: str) -> str:
 
 
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """A reported token count, or None (not reported) for anything no store column holds:
+    a broken upstream's 10**11 failed every attempt's completion on PostgreSQL."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
+        return value
+    return None
 
 
 def status_error(url: str, status: int, retry_after: str | None) -> EngineError:
