@@ -10,7 +10,13 @@ from typing import Any
 
 import httpx
 
-from core.engines.upstream.transport import END, DataLines, _new_client, _pump
+from core.engines.upstream.transport import (
+    END,
+    MAX_LINE_BYTES,
+    DataLines,
+    _new_client,
+    _pump,
+)
 
 
 def fed(*pieces: bytes) -> list[bytes]:
@@ -65,6 +71,21 @@ def test_a_broken_payload_comes_after_what_its_read_brought_before_it() -> None:
     assert items[0] == [{"n": 1}]
     assert isinstance(items[1], ValueError)
     assert items[2:] == [END]
+
+
+def test_a_line_that_never_ends_breaks_the_stream_instead_of_growing() -> None:
+    """An upstream that never ends a line (a broken or hostile one) would grow the buffer
+    without bound; past `MAX_LINE_BYTES` the stream ends as broken, after what came
+    before. A long line within the bound is read whole."""
+    piece = b"x" * 65536
+    long_enough = MAX_LINE_BYTES // len(piece)
+    items = pumped(b'data: {"n": 1}\n\n', b"data: " + piece, *[piece] * long_enough)
+    assert items[0] == [{"n": 1}]
+    assert isinstance(items[1], ValueError)
+    assert items[2:] == [END]
+    within = b'data: "' + b"y" * (MAX_LINE_BYTES - 100) + b'"\n\n'
+    assert pumped(*(within[i:i + 65536] for i in range(0, len(within), 65536))) == [
+        ["y" * (MAX_LINE_BYTES - 100)], END]
 
 
 def test_a_cookie_an_upstream_sets_is_not_sent_on_the_next_request() -> None:

@@ -57,6 +57,10 @@ END = object()  # the stream is over (after [DONE], or the connection ended)
 WATCH_SECONDS = 0.05  # how soon a stop is seen while the upstream sends nothing
 _DONE = b"[DONE]"
 _LINE_ENDS = (b"\n", b"\r")
+# An SSE line longer than this ends the stream as broken: an upstream that never ends a
+# line would otherwise grow the buffer until the process runs out of memory. A chunk
+# of a real server's stream is a few hundred bytes.
+MAX_LINE_BYTES = 1 << 20
 
 
 class Into(Protocol):
@@ -186,7 +190,7 @@ class DataLines:
 
     Lines end in LF, CRLF or CR; a CRLF split between two pieces only makes an empty
     line, which carries nothing. Comments, event names and keep-alives are skipped
-    without being decoded.
+    without being decoded. A line still open beyond `MAX_LINE_BYTES` is a `ValueError`.
     """
 
     def __init__(self) -> None:
@@ -195,4 +199,6 @@ class DataLines:
     def feed(self, data: bytes) -> list[bytes]:
         lines = (self._rest + data).splitlines(keepends=True)
         self._rest = lines.pop() if lines and not lines[-1].endswith(_LINE_ENDS) else b""
+        if len(self._rest) > MAX_LINE_BYTES:
+            raise ValueError(f"an SSE line longer than {MAX_LINE_BYTES} bytes")
         return [line[5:].strip() for line in lines if line.startswith(b"data:")]
