@@ -131,3 +131,18 @@ def test_a_token_count_beyond_the_store_from_a_broken_upstream_is_not_reported(
         tokens = conn.execute(select(responses.c.input_tokens, responses.c.output_tokens)
                               .where(responses.c.task_id == task_id)).one()
     assert tuple(tokens) == (0, 3)
+
+
+def test_an_upstream_that_streams_past_max_output_tokens_is_cut_at_the_limit(
+    db: Database, quick: Settings, scripted: Callable[..., Scripted]
+) -> None:
+    """A stand-in upstream that ignores `max_tokens` (real servers stop there) streams
+    thirty words for a limit of four: the task completes with four, not thirty."""
+    server = scripted([delta(f" w{i}") for i in range(30)] + [delta("", "stop")], pause=0.005)
+    add_upstream(db, [server.base_url])
+    [task_id] = enqueue(db, max_output_tokens=4)
+
+    run_until_finished(db, quick, task_id, seconds=10)
+
+    assert task_row(db, task_id).status == Status.COMPLETED
+    assert output_text(db, task_id) == streamed_text(db, task_id) == " w0 w1 w2 w3"

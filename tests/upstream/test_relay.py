@@ -22,6 +22,7 @@ REQUEST = GenerationRequest([{"role": "user", "content": "count"}], max_output_t
 
 def generated(
     server: Scripted, *, emit: bool, should_stop: Callable[[], bool] = lambda: False,
+    request: GenerationRequest = REQUEST,
 ) -> tuple[list[Chunk], list[tuple[Chunk, str]], list[tuple[Chunk, str]]]:
     """What `generate` yielded, what it emitted (with the thread), and what was emitted
     after it had returned (given time to come)."""
@@ -32,7 +33,7 @@ def generated(
     def collect(chunk: Chunk) -> None:
         emitted.append((chunk, threading.current_thread().name))
 
-    yielded = list(loaded.generate(REQUEST, None, should_stop, collect if emit else None))
+    yielded = list(loaded.generate(request, None, should_stop, collect if emit else None))
     returned = len(emitted)
     time.sleep(0.3)
     return yielded, emitted[:returned], emitted[returned:]
@@ -73,6 +74,23 @@ def test_what_a_read_brought_before_an_in_stream_error_comes_first(
             chunk.text)))
     assert raised.value.code == "upstream_rejected"
     assert emitted == ["One", ", two"]
+
+
+@pytest.mark.parametrize("emit", [True, False])
+def test_an_upstream_past_max_output_tokens_is_cut_there_and_closed(
+    scripted: Callable[..., Scripted], emit: bool
+) -> None:
+    """A broken upstream that ignores `max_tokens` (a stand-in: real servers stop) would
+    have the task store everything it streams: text past the limit's count ends the
+    request at once, as finished, without that text."""
+    server = scripted([delta(f" w{i}") for i in range(200)] + [delta("", "stop")], pause=0.05)
+    request = GenerationRequest([{"role": "user", "content": "count"}], max_output_tokens=3)
+    started = time.monotonic()
+    yielded, emitted, late = generated(server, emit=emit, request=request)
+    chunks = [chunk for chunk, _ in emitted] if emit else yielded
+    assert "".join(chunk.text for chunk in chunks) == " w0 w1 w2"
+    assert chunks[-1].usage.output_tokens == 3 and late == []
+    assert server.closed.wait(2) and time.monotonic() - started < 5  # not after 10 s of reads
 
 
 def test_a_stop_ends_the_request_and_nothing_is_emitted_after_it(

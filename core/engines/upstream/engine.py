@@ -97,14 +97,21 @@ class _Progress:
 
 class _Read:
     """One request's output as its reads arrive: text past the echo, token counts, and
-    whether the server said it finished."""
+    whether the server said it finished, or went past the task's `max_output_tokens`.
 
-    def __init__(self, progress: _Progress, url: str) -> None:
+    An upstream is asked for what is left of that limit (`max_tokens`) but nothing makes
+    it stop there: a broken one that streams on would have the task store all of it. A
+    text delta holds at least one token, so text arriving once the limit's count is
+    reached is past it: the read ends there, as finished, without that text."""
+
+    def __init__(self, progress: _Progress, url: str, limit: int | None) -> None:
         self.progress = progress
         self.url = url
+        self.limit = limit
         self.echo = protocol.EchoStrip(progress.text)
         self.earlier_tokens = progress.output_tokens
         self.finished = False
+        self.past_limit = False
 
     def absorb(self, payloads: list[Any]) -> tuple[Chunk | None, EngineError | None]:
         """One read's payloads: the chunk they make (None: nothing to tell), and the
@@ -117,6 +124,10 @@ class _Read:
                 piece = protocol.parse_chunk(payload, self.url)
             except EngineError as exc:
                 error = exc
+                break
+            if piece.text and self.limit is not None and progress.output_tokens >= self.limit:
+                text += self.echo.flush()
+                self.finished = self.past_limit = True
                 break
             if piece.prompt_tokens is not None and not self.earlier_tokens:
                 progress.input_tokens = piece.prompt_tokens
@@ -164,7 +175,7 @@ class _Relay:
             chunk, error = self._read.absorb(item)
             if chunk is not None:
                 self._emit(chunk)
-            if error is not None or self._should_stop():
+            if error is not None or self._read.past_limit or self._should_stop():
                 self._end(_STOPPED if error is None else error)
 
     def watch(self) -> None:
@@ -253,7 +264,7 @@ class UpstreamLoaded:
             return
         body = protocol.chat_body(self._entry.model, request, prefix=progress.text,
                                   max_tokens=left)
-        read = _Read(progress, url)
+        read = _Read(progress, url, limit)
         yield from self._request(url, body, headers, read, should_stop, emit)
         if should_stop():
             return
