@@ -21,9 +21,10 @@ class Scripted:
     """A one-route HTTP/1.1 server streaming `reads` (each written, then a pause, so each
     is one network read) as a chunked SSE body, on a loop thread of its own."""
 
-    def __init__(self, reads: list[bytes], pause: float = 0.05) -> None:
+    def __init__(self, reads: list[bytes], pause: float = 0.05, headers: bytes = b"") -> None:
         self.reads = reads
         self.pause = pause
+        self.headers = headers  # more header lines, each ending in CRLF
         self.closed = threading.Event()
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
@@ -49,7 +50,7 @@ class Scripted:
                           if line.lower().startswith(b"content-length:"))
             await reader.readexactly(length)
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                         b"Transfer-Encoding: chunked\r\n\r\n")
+                         b"Transfer-Encoding: chunked\r\n" + self.headers + b"\r\n")
             for data in self.reads:
                 writer.write(b"%x\r\n%s\r\n" % (len(data), data))
                 await writer.drain()

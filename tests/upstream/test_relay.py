@@ -93,6 +93,17 @@ def test_an_upstream_past_max_output_tokens_is_cut_there_and_closed(
     assert server.closed.wait(2) and time.monotonic() - started < 5  # not after 10 s of reads
 
 
+def test_a_compressed_answer_is_refused_unread(scripted: Callable[..., Scripted]) -> None:
+    """The request asks for no compression (a decompressor inflates a read whole: a
+    small read could take the process's memory); a stand-in answering gzip anyway (real
+    servers honour `identity`) is refused for good, naming the URL, its body unread."""
+    server = scripted([b"\x1f\x8b" + b"\x00" * 64], headers=b"Content-Encoding: gzip\r\n")
+    with pytest.raises(EngineError) as raised:
+        generated(server, emit=True)
+    assert (raised.value.code, raised.value.retryable) == ("upstream_rejected", False)
+    assert server.base_url in raised.value.message and "compressed" in raised.value.message
+
+
 def test_a_stop_ends_the_request_and_nothing_is_emitted_after_it(
     scripted: Callable[..., Scripted]
 ) -> None:

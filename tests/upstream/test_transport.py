@@ -88,6 +88,22 @@ def test_a_line_that_never_ends_breaks_the_stream_instead_of_growing() -> None:
         ["y" * (MAX_LINE_BYTES - 100)], END]
 
 
+def test_the_request_asks_for_an_uncompressed_body() -> None:
+    asked: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.headers.get("accept-encoding"))
+        return httpx.Response(200, content=b"data: [DONE]\n\n")
+
+    async def run() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            await _pump(client, "http://upstream.test/v1/chat/completions", {},
+                        {"Authorization": "Bearer k"}, httpx.Timeout(5), queue.SimpleQueue())
+
+    asyncio.run(run())
+    assert asked == ["identity"]
+
+
 def test_a_cookie_an_upstream_sets_is_not_sent_on_the_next_request() -> None:
     """The one client serves every attempt of every client: a cookie from one answer
     (a load balancer's, say) must not ride along on the others. A stand-in upstream

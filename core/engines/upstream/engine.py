@@ -307,6 +307,8 @@ class UpstreamLoaded:
                     yield item
                 elif isinstance(item, transport.Status):
                     self._refused(url, protocol.status_error(url, item.code, item.retry_after))
+                elif isinstance(item, transport.Compressed):
+                    self._refused(url, protocol.compressed(url))
                 elif isinstance(item, EngineError):
                     self._refused(url, item)
                 else:

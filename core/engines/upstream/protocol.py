@@ -140,6 +140,13 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return min(max(0.0, seconds), _MAX_RETRY_AFTER_SECONDS)
 
 
+def compressed(url: str) -> EngineError:
+    """A 200 with a compressed body, although the request asked for none: the same
+    server (or the proxy in front of it) will answer so again."""
+    return EngineError(REJECTED, f"upstream {url} answered with a compressed body although "
+                       "asked for none (Accept-Encoding: identity)", retryable=False)
+
+
 def unavailable(url: str, what: str) -> EngineError:
     return EngineError(UNAVAILABLE, f"upstream {url}: {what}", retryable=True)
 

@@ -21,7 +21,8 @@ a second per waiting attempt, for nothing). The timer runs only while a stream i
 
 One pooled `httpx.AsyncClient` per process (re-created after a fork), redirects never
 followed: a redirect could send the request, and its key, to a host nobody allowed;
-cookies never kept, so nothing of one attempt's answer rides along on another's.
+cookies never kept, so nothing of one attempt's answer rides along on another's;
+bodies asked for and read uncompressed (`open_stream`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class Status:
 
     code: int
     retry_after: str | None
+
+
+class Compressed:
+    """The upstream answered 200 with a compressed body although asked for none; it is
+    not read (`open_stream`)."""
 
 
 END = object()  # the stream is over (after [DONE], or the connection ended)
@@ -134,9 +140,15 @@ def open_stream(
     into: Into, *, max_connections: int, watch: Callable[[], None],
 ) -> Future[Any]:
     """POST `body` to `url` with `stream: true` and put into `into`, in order: a `Status`
-    (then END) for a non-200 answer, else lists of the `data:` payloads parsed as JSON
-    (each list non-empty: what one read brought); then END. A transport failure is put
-    as the exception itself, after the payloads read before it and before END.
+    (then END) for a non-200 answer, `Compressed` (then END) for a compressed one, else
+    lists of the `data:` payloads parsed as JSON (each list non-empty: what one read
+    brought); then END. A transport failure is put as the exception itself, after the
+    payloads read before it and before END.
+
+    The request asks for an uncompressed body: a decompressor inflates each read whole,
+    so a small compressed read from a broken or hostile upstream could take the
+    process's memory before any line limit applies; an inference server's event
+    stream is not compressed anyway. The body is read raw, without a decoder.
     `watch` is called on this loop every `WATCH_SECONDS` while the stream is open.
     Cancelling the returned future closes the connection at once."""
     transport = _shared(max_connections)
@@ -160,13 +172,17 @@ async def _pump(
 ) -> None:
     batch: list[Any] = []
     try:
-        async with client.stream("POST", url, json=body, headers=headers,
+        async with client.stream("POST", url, json=body,
+                                 headers={**headers, "Accept-Encoding": "identity"},
                                  timeout=timeout) as response:
             if response.status_code != 200:
                 into.put(Status(response.status_code, response.headers.get("retry-after")))
                 return
+            if response.headers.get("content-encoding", "identity").lower() != "identity":
+                into.put(Compressed())
+                return
             lines = DataLines()
-            async for data in response.aiter_bytes():
+            async for data in response.aiter_raw():
                 for payload in lines.feed(data):
                     if payload == _DONE:
                         return
