@@ -93,6 +93,19 @@ def test_an_upstream_past_max_output_tokens_is_cut_there_and_closed(
     assert server.closed.wait(2) and time.monotonic() - started < 5  # not after 10 s of reads
 
 
+def test_text_after_the_finish_reason_is_dropped_and_the_request_closed(
+    scripted: Callable[..., Scripted]
+) -> None:
+    """A broken upstream (a stand-in) that streams on after its `finish_reason`: the
+    output ends at the finish and the connection is closed, not read to its end."""
+    server = scripted([delta("One"), delta(", two", "stop")] + [delta(" more")] * 200,
+                      pause=0.05)
+    started = time.monotonic()
+    _, emitted, late = generated(server, emit=True)
+    assert "".join(chunk.text for chunk, _ in emitted) == "One, two" and late == []
+    assert server.closed.wait(2) and time.monotonic() - started < 5  # not after 10 s of reads
+
+
 def test_a_compressed_answer_is_refused_unread(scripted: Callable[..., Scripted]) -> None:
     """The request asks for no compression (a decompressor inflates a read whole: a
     small read could take the process's memory); a stand-in answering gzip anyway (real

@@ -97,12 +97,13 @@ class _Progress:
 
 class _Read:
     """One request's output as its reads arrive: text past the echo, token counts, and
-    whether the server said it finished, or went past the task's `max_output_tokens`.
+    whether the server said it finished.
 
-    An upstream is asked for what is left of that limit (`max_tokens`) but nothing makes
-    it stop there: a broken one that streams on would have the task store all of it. A
-    text delta holds at least one token, so text arriving once the limit's count is
-    reached is past it: the read ends there, as finished, without that text."""
+    Nothing but the server itself ends its text, so a broken one could have the task
+    store without end: text after its `finish_reason`, or past the task's
+    `max_output_tokens` (asked for as `max_tokens`; a text delta holds at least one
+    token, so text arriving once the limit's count is reached is past it). Either cuts
+    the read there, as finished, without that text (`cut`: the relay closes it)."""
 
     def __init__(self, progress: _Progress, url: str, limit: int | None) -> None:
         self.progress = progress
@@ -111,7 +112,7 @@ class _Read:
         self.echo = protocol.EchoStrip(progress.text)
         self.earlier_tokens = progress.output_tokens
         self.finished = False
-        self.past_limit = False
+        self.cut = False
 
     def absorb(self, payloads: list[Any]) -> tuple[Chunk | None, EngineError | None]:
         """One read's payloads: the chunk they make (None: nothing to tell), and the
@@ -125,9 +126,10 @@ class _Read:
             except EngineError as exc:
                 error = exc
                 break
-            if piece.text and self.limit is not None and progress.output_tokens >= self.limit:
+            if piece.text and (self.finished or (self.limit is not None
+                                                 and progress.output_tokens >= self.limit)):
                 text += self.echo.flush()
-                self.finished = self.past_limit = True
+                self.finished = self.cut = True
                 break
             if piece.prompt_tokens is not None and not self.earlier_tokens:
                 progress.input_tokens = piece.prompt_tokens
@@ -175,7 +177,7 @@ class _Relay:
             chunk, error = self._read.absorb(item)
             if chunk is not None:
                 self._emit(chunk)
-            if error is not None or self._read.past_limit or self._should_stop():
+            if error is not None or self._read.cut or self._should_stop():
                 self._end(_STOPPED if error is None else error)
 
     def watch(self) -> None:
