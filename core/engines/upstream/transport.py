@@ -149,6 +149,7 @@ def open_stream(
     so a small compressed read from a broken or hostile upstream could take the
     process's memory before any line limit applies; an inference server's event
     stream is not compressed anyway. The body is read raw, without a decoder.
+
     `watch` is called on this loop every `WATCH_SECONDS` while the stream is open.
     Cancelling the returned future closes the connection at once."""
     transport = _shared(max_connections)
