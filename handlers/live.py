@@ -122,9 +122,14 @@ class LiveTail:
             if task_id in self._waiters:
                 self._work.set()
 
-        unlisten = self._db.listen(EVENTS_CHANNEL, logged)
-        unheld = self._db.held_here.on_release(released)
-        self._unlisten = lambda: (unlisten(), unheld())[-1]
+        unsubscribes = (self._db.listen(EVENTS_CHANNEL, logged),
+                        self._db.held_here.on_release(released))
+
+        def unlisten() -> None:
+            for unsubscribe in unsubscribes:
+                unsubscribe()
+
+        self._unlisten = unlisten
         self._poller = named_thread(self._run, "taskward-live-tail", args=(loop,))
         self._poller.start()
 
