@@ -147,7 +147,9 @@ class _Read:
         return (progress.chunk(text) if text or counted else None), error
 
 
-_STOPPED = object()  # the relay found `should_stop` true (after a read, or watching)
+# The relay ended the request: `should_stop` was true (after a read, or watching), or
+# the read was cut (`_Read.cut`, then also finished).
+_STOPPED = object()
 
 
 class _Relay:
