@@ -88,28 +88,11 @@ def test_a_line_that_never_ends_breaks_the_stream_instead_of_growing() -> None:
         ["y" * (MAX_LINE_BYTES - 100)], END]
 
 
-def test_the_request_asks_for_an_uncompressed_body() -> None:
-    asked: list[str | None] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        asked.append(request.headers.get("accept-encoding"))
-        return httpx.Response(200, content=b"data: [DONE]\n\n")
-
-    async def run() -> None:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-            await _pump(client, "http://upstream.test/v1/chat/completions", {},
-                        {"Authorization": "Bearer k"}, httpx.Timeout(5), queue.SimpleQueue())
-
-    asyncio.run(run())
-    assert asked == ["identity"]
-
-
-def test_a_cookie_an_upstream_sets_is_not_sent_on_the_next_request() -> None:
-    """The one client serves every attempt of every client: a cookie from one answer
-    (a load balancer's, say) must not ride along on the others. A stand-in upstream
-    (a server a user does not run: any HTTP server setting a cookie) sets one on every
-    answer and records what each request carried."""
-    carried: list[bytes] = []
+def heads_of_two_requests() -> list[list[bytes]]:
+    """The header lines (lowercased) of two requests the process's client (`_new_client`)
+    sends in turn to a stand-in upstream (a server a user does not run: any HTTP server)
+    that sets a cookie on every answer."""
+    heads: list[list[bytes]] = []
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
@@ -122,7 +105,7 @@ def test_a_cookie_an_upstream_sets_is_not_sent_on_the_next_request() -> None:
             length = next((int(line.split(b":")[1]) for line in lines
                            if line.startswith(b"content-length:")), 0)
             await reader.readexactly(length)
-            carried.append(b"".join(line for line in lines if line.startswith(b"cookie:")))
+            heads.append(lines)
             writer.write(b"HTTP/1.1 200 OK\r\nSet-Cookie: lb=node-1; Path=/\r\n"
                          b"Content-Length: 0\r\n\r\n")
             await writer.drain()
@@ -139,4 +122,18 @@ def test_a_cookie_an_upstream_sets_is_not_sent_on_the_next_request() -> None:
                     assert got.headers["set-cookie"].startswith("lb=")
 
     asyncio.run(run())
+    return heads
+
+
+def test_the_client_asks_for_an_uncompressed_body() -> None:
+    asked = [[line for line in head if line.startswith(b"accept-encoding:")]
+             for head in heads_of_two_requests()]
+    assert asked == [[b"accept-encoding: identity"]] * 2
+
+
+def test_a_cookie_an_upstream_sets_is_not_sent_on_the_next_request() -> None:
+    """The one client serves every attempt of every client: a cookie from one answer
+    (a load balancer's, say) must not ride along on the others."""
+    carried = [b"".join(line for line in head if line.startswith(b"cookie:"))
+               for head in heads_of_two_requests()]
     assert carried == [b"", b""]

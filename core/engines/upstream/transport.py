@@ -121,9 +121,11 @@ async def _new_client(limits: httpx.Limits) -> httpx.AsyncClient:
     """Direct connections over asyncio's own sockets (`network`); a proxy named by the
     environment is still reached through httpx's own transport. No cookies kept: the
     client serves every attempt of every client, so a cookie one upstream answer set
-    (a load balancer's, say) would ride along on the requests of all the others."""
+    (a load balancer's, say) would ride along on the requests of all the others. Bodies
+    asked for uncompressed (`open_stream`)."""
     no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
     return httpx.AsyncClient(follow_redirects=False, limits=limits, cookies=no_cookies,
+                             headers={"Accept-Encoding": "identity"},
                              transport=asyncio_transport(limits))
 
 
@@ -145,7 +147,7 @@ def open_stream(
     brought); then END. A transport failure is put as the exception itself, after the
     payloads read before it and before END.
 
-    The request asks for an uncompressed body: a decompressor inflates each read whole,
+    The client asks for an uncompressed body: a decompressor inflates each read whole,
     so a small compressed read from a broken or hostile upstream could take the
     process's memory before any line limit applies; an inference server's event
     stream is not compressed anyway. The body is read raw, without a decoder.
@@ -173,8 +175,7 @@ async def _pump(
 ) -> None:
     batch: list[Any] = []
     try:
-        async with client.stream("POST", url, json=body,
-                                 headers={**headers, "Accept-Encoding": "identity"},
+        async with client.stream("POST", url, json=body, headers=headers,
                                  timeout=timeout) as response:
             if response.status_code != 200:
                 into.put(Status(response.status_code, response.headers.get("retry-after")))
