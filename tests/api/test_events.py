@@ -17,6 +17,7 @@ from core.store.tasks import log_positions
 from handlers import live, sse
 from handlers.live import LiveTail
 from tests.api.helpers import Caller, complete_due, finish, output_events, start_due
+from tests.thread_switches import voluntary_switches
 
 SSE = {"Accept": "text/event-stream"}
 LIFE = ["response.created", "response.loading", "response.in_progress",
@@ -215,15 +216,6 @@ def test_tasks_held_here_are_polled_only_as_a_safety_net(
     assert woken is True and late < 2.0  # the safety poll saw the other process's claim
 
 
-def voluntary_switches(thread: threading.Thread) -> int:
-    """How often `thread` has slept so far (Linux counts it per thread)."""
-    with open(f"/proc/self/task/{thread.native_id}/status") as status:
-        for line in status:
-            if line.startswith("voluntary_ctxt_switches:"):
-                return int(line.split()[1])
-    raise AssertionError("no voluntary_ctxt_switches in the thread's status")
-
-
 def test_the_poll_thread_sleeps_while_only_held_tasks_are_waited_on(
     alice: Caller, model_id: str, db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -238,12 +230,13 @@ def test_the_poll_thread_sleeps_while_only_held_tasks_are_waited_on(
     async def waiting_again_and_again() -> int:
         await tail.start()
         try:
-            assert tail._poller is not None
+            assert tail._poller is not None and tail._poller.native_id is not None
+            poller = tail._poller.native_id
             await tail.wait(held, 1, 0.1)  # the first safety poll is behind us
-            before = voluntary_switches(tail._poller)
+            before = voluntary_switches(poller)
             for _ in range(20):  # as a stream re-waits after each flush
                 await tail.wait(held, 1, 0.05)
-            return voluntary_switches(tail._poller) - before
+            return voluntary_switches(poller) - before
         finally:
             await tail.stop()
 

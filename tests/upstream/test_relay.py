@@ -8,13 +8,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from core.engines.base import Chunk, EngineError, EngineOptions, GenerationRequest, UpstreamModel
 from core.engines.upstream.engine import OpenAIEngine
 from core.engines.upstream.routing import Router
+from tests.thread_switches import voluntary_switches
 from tests.upstream.scripted import USAGE, Scripted, delta
 
 REQUEST = GenerationRequest([{"role": "user", "content": "count"}], max_output_tokens=16)
@@ -146,11 +146,6 @@ def test_a_stop_while_the_upstream_is_silent_ends_the_request_at_once(
     assert time.monotonic() - started < 0.3 + 0.3 + 0.4  # stop, the watch's tick, slack
 
 
-def _voluntary_switches(native_id: int) -> int:
-    status = Path(f"/proc/self/task/{native_id}/status").read_text()
-    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
-
-
 def test_the_engine_thread_sleeps_while_the_upstream_is_silent(
     scripted: Callable[..., Scripted]
 ) -> None:
@@ -165,9 +160,9 @@ def test_the_engine_thread_sleeps_while_the_upstream_is_silent(
 
     def run() -> None:
         me = threading.get_native_id()
-        before = _voluntary_switches(me)
+        before = voluntary_switches(me)
         list(loaded.generate(REQUEST, None, lambda: False, lambda chunk: None))
-        switches.append(_voluntary_switches(me) - before)
+        switches.append(voluntary_switches(me) - before)
 
     thread = threading.Thread(target=run)
     thread.start()
