@@ -8,12 +8,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from sqlalchemy import select
-
 from core.settings import Settings
 from core.states import Status
 from core.store.database import Database
-from core.tables import responses
+from core.store.tasks import get_response
 from tests.scheduler.helpers import event_data, output_text, run_pass, streamed_text
 from tests.scheduler.processes import free_port
 from tests.store.helpers import task_row
@@ -87,6 +85,14 @@ def test_a_host_no_longer_allowed_is_refused_at_use(
     assert llama.busy_slots() == 0
 
 
+def finished_behind(db: Database, settings: Settings, server: Scripted) -> str:
+    """A task of at most four tokens run to its end against the stand-in `server`."""
+    add_upstream(db, [server.base_url])
+    [task_id] = enqueue(db, max_output_tokens=4)
+    run_until_finished(db, settings, task_id, seconds=10)
+    return task_id
+
+
 def test_a_lone_surrogate_from_a_broken_upstream_is_stored_as_a_replacement(
     db: Database, quick: Settings, scripted: Callable[..., Scripted]
 ) -> None:
@@ -98,10 +104,8 @@ def test_a_lone_surrogate_from_a_broken_upstream_is_stored_as_a_replacement(
             b'"finish_reason": null}]}\n\n')
     server = scripted([delta("One "), lone, delta("", "stop"), USAGE, b"data: [DONE]\n\n"],
                       pause=0.01)
-    add_upstream(db, [server.base_url])
-    [task_id] = enqueue(db, max_output_tokens=4)
 
-    run_until_finished(db, quick, task_id, seconds=10)
+    task_id = finished_behind(db, quick, server)
 
     row = task_row(db, task_id)
     assert (row.status, row.attempts) == (Status.COMPLETED, 1)
@@ -118,19 +122,14 @@ def test_a_token_count_beyond_the_store_from_a_broken_upstream_is_not_reported(
              b'"completion_tokens": 3}}\n\n')
     server = scripted([delta("One"), delta("", "stop"), usage, b"data: [DONE]\n\n"],
                       pause=0.01)
-    add_upstream(db, [server.base_url])
-    [task_id] = enqueue(db, max_output_tokens=4)
 
-    run_until_finished(db, quick, task_id, seconds=10)
+    task_id = finished_behind(db, quick, server)
 
-    assert (task_row(db, task_id).status, task_row(db, task_id).attempts) == (
-        Status.COMPLETED, 1)
+    row = get_response(db, task_id, None)
+    assert (row.status, row.attempts) == (Status.COMPLETED, 1)
     completed = event_data(db, task_id, "response.completed")
     assert completed  # the terminal event was logged
-    with db.read() as conn:
-        tokens = conn.execute(select(responses.c.input_tokens, responses.c.output_tokens)
-                              .where(responses.c.task_id == task_id)).one()
-    assert tuple(tokens) == (0, 3)
+    assert (row.input_tokens, row.output_tokens) == (0, 3)
 
 
 def test_an_upstream_that_streams_past_max_output_tokens_is_cut_at_the_limit(
@@ -139,10 +138,8 @@ def test_an_upstream_that_streams_past_max_output_tokens_is_cut_at_the_limit(
     """A stand-in upstream that ignores `max_tokens` (real servers stop there) streams
     thirty words for a limit of four: the task completes with four, not thirty."""
     server = scripted([delta(f" w{i}") for i in range(30)] + [delta("", "stop")], pause=0.005)
-    add_upstream(db, [server.base_url])
-    [task_id] = enqueue(db, max_output_tokens=4)
 
-    run_until_finished(db, quick, task_id, seconds=10)
+    task_id = finished_behind(db, quick, server)
 
     assert task_row(db, task_id).status == Status.COMPLETED
     assert output_text(db, task_id) == streamed_text(db, task_id) == " w0 w1 w2 w3"
