@@ -5,20 +5,21 @@ Run from the repository root: `.venv/bin/python -m bench.upstream_cpu` (options:
 `--rounds 3`, `--streams 8`, `--tokens 128`, `--rate 40`, `--slots 4`, `--lockstep`).
 About 30 s.
 
-The stand-in (an asyncio server on a thread of this process) streams llama-server's
-Chat Completions chunk shapes (one `data:` event per token, then the finish, the usage
-and `[DONE]`) at `--rate` tokens/s per request, serving `--slots` requests at once and
+The stand-in (an asyncio server on a thread of this process) streams llama-server's Chat
+Completions chunk shapes (one `data:` event per token, then the finish, the usage and
+`[DONE]`) at `--rate` tokens/s per request, serving `--slots` requests at once and
 queueing the rest, as `llama-server --parallel 4` does; with `--lockstep` the streams
 with a slot send each token on one shared tick, as llama-server's batched decode makes
-them (its streams' tokens then reach taskward together, not spread out). A `taskward run` on SQLite
-(an upstream entry with `max_concurrency` 8) takes `--streams` `POST /v1/responses`
-streams (`background: false, stream: true`, read to the end as `bench.upstream` reads
-them) per round. Printed: the CPU time (user + system) and the voluntary context
-switches of every thread of the `taskward run` process group, from /proc, per
-generated token over the rounds, in all and by thread (each taskward thread names
-itself for the kernel, `core.thread_names`; numbered pool threads are summed as one kind:
-`runner_*`). A thread that ends during the rounds (an attempt's engine thread) takes
-its switches with it, so the counters are sampled every 0.2 s and summed per thread.
+them (its streams' tokens then reach taskward together, not spread out). A `taskward
+run` on SQLite (an upstream entry with `max_concurrency` 8) takes `--streams` `POST
+/v1/responses` streams (`background: false, stream: true`, read to the end as
+`bench.upstream` reads them) per round. Printed: the CPU time (user + system) and the
+voluntary context switches of every thread of the `taskward run` process group, from
+/proc, per generated token over the rounds, in all and by thread (each taskward thread
+names itself for the kernel, `core.thread_names`; numbered pool threads are summed as
+one kind: `runner_*`). A thread that ends during the rounds (an attempt's engine thread)
+takes its switches with it, so the counters are sampled every 0.2 s and summed per
+thread.
 """
 
 from __future__ import annotations
@@ -104,7 +105,6 @@ class StandIn:
             send(b"data: [DONE]\n\n")
             writer.write(b"0\r\n\r\n")
             await writer.drain()
-
 
     def _next_tick(self) -> asyncio.Future[None]:
         """The shared tick every stream waits for: the next decode step."""
