@@ -21,7 +21,8 @@ stored (enqueue) exactly once. Beside them, the raw one-row commit rate of the s
 PostgreSQL in the same run. Then taskward alone on SQLite, with a bare Litestar POST
 handler served the same way as the HTTP stack's ceiling. Rounds alternate the order
 of the systems; figures are medians over rounds. The machine is shared and noisy:
-read the ratios, which are printed last.
+read the ratios, which are printed last, beside the CPU the hypervisor stole from
+this VM during each system's rounds (`bench.steal`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from bench.peer_systems import (
     rows,
 )
 from bench.startup import Checkout, compile_sources
+from bench.steal import Steal
 from bench.store import raw_pg_rate
 from bench.sweeper_cpu import cpu_seconds, server_cpu
 from tests.databases import private_pg_database
@@ -120,6 +122,8 @@ class Figures:
     ack_ms: list[tuple[float, float]] = field(default_factory=list)
     pickup_ms: list[tuple[float, float]] = field(default_factory=list)
     e2e_ms: list[tuple[float, float]] = field(default_factory=list)
+    # Per workload, the per cent of the machine's CPU time stolen while it ran (`bench.steal`).
+    stolen: dict[str, list[float]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
 
@@ -307,6 +311,14 @@ def drain_cpu_lines(results: dict[str, Figures]) -> list[str]:
     return lines
 
 
+def steal_lines(results: dict[str, Figures]) -> list[str]:
+    """Each system's workloads with the CPU the hypervisor stole while each round of it
+    ran: a round with a high figure was measured on a machine running slower."""
+    return [f"{name}: CPU stolen by the hypervisor, per round: " + "; ".join(
+        f"{workload} " + " / ".join(f"{share:.0f} %" for share in shares)
+        for workload, shares in f.stolen.items()) for name, f in results.items() if f.stolen]
+
+
 def ratio_lines(results: dict[str, Figures], ours: str, peers: list[str],
                 ceiling: float | None) -> list[str]:
     mine = results[ours]
@@ -333,7 +345,9 @@ def run_rounds(systems: list[System], rounds: int, workdir: Path, args: argparse
                  "latency": lambda s: latency(s, workdir, args.latency_jobs, results[s.name])}
         for workload in args.workloads.split(","):
             for system in order:
+                steal = Steal()
                 steps[workload](system)
+                results[system.name].stolen.setdefault(workload, []).append(steal.percent())
         extra(r)
         print(f"round {r + 1} of {rounds} done, load average "
               f"{os.getloadavg()[0]:.1f}", flush=True)
@@ -346,7 +360,7 @@ def postgres_section(pg: list[System], workdir: Path, args: argparse.Namespace) 
                          extra=lambda _r: ceilings.append(raw_ceiling()))
     print(f"\nPostgreSQL, medians of {args.rounds} round(s); raw one-row commits "
           f"{median(ceilings):,.0f}/s in the same run")
-    print("\n".join(table(results) + drain_cpu_lines(results)))
+    print("\n".join(table(results) + drain_cpu_lines(results) + steal_lines(results)))
     if "taskward" in results:
         print("\n".join(ratio_lines(results, "taskward", ["pgqueuer", "procrastinate"],
                                     median(ceilings))))
@@ -364,7 +378,7 @@ def sqlite_section(workdir: Path, args: argparse.Namespace) -> list[Figures]:
         bare.ack_ms.append(_quantiles([x * 1000 for x in result["latencies"]]))
     print(f"\nSQLite: taskward alone (`taskward run` for latency), beside a bare Litestar "
           f"POST handler served the same way ({args.sqlite_workers} granian worker(s))")
-    print("\n".join(table(results) + drain_cpu_lines(results)))
+    print("\n".join(table(results) + drain_cpu_lines(results) + steal_lines(results)))
     ours = median(results["taskward-sqlite"].enqueue)
     print(f"taskward-sqlite POST / bare Litestar POST: {times(ours / median(bare.enqueue))}")
     return list(results.values())
