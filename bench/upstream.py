@@ -61,6 +61,7 @@ import httpx
 from sqlalchemy import create_engine, func, select
 
 from bench import commits
+from bench.steal import Steal
 from core.tables import task_events, tasks
 from tests.scheduler.processes import Children, run_command, run_json
 from tests.service.running import Runs, run_env
@@ -182,6 +183,14 @@ def pair_line(level: int, rates: dict[str, list[float]]) -> str:
     return (f"{level} streams, tokens/s ratio of each round through taskward over the "
             f"direct round before it: {', '.join(f'{r:.2f}' for r in ratios)} "
             f"(median {statistics.median(ratios):.2f})")
+
+
+def steal_line(level: int, stolen: dict[str, list[float]]) -> str:
+    """The CPU the hypervisor took from this VM during each round (`bench.steal`): a
+    round it slowed is no figure of taskward's."""
+    return (f"{level} streams, CPU stolen by the hypervisor per round: " + "; ".join(
+        f"{name} " + ", ".join(f"{share:.0f} %" for share in shares)
+        for name, shares in stolen.items()))
 
 
 def queued_line(level: int, parallel: int, firsts: dict[str, list[list[float]]]) -> str:
@@ -422,12 +431,15 @@ def main() -> None:
                 decode: dict[str, list[float]] = {name: [] for name in sides}
                 rates: dict[str, list[float]] = {name: [] for name in sides}
                 firsts: dict[str, list[list[float]]] = {name: [] for name in sides}
+                stolen: dict[str, list[float]] = {name: [] for name in sides}
                 for _ in range(args.rounds):
                     for name, one in sides.items():
                         if name == "taskward" and level == levels[-1]:
                             since_ms, started = int(time.time() * 1000), time.monotonic()
                             cpu_before = cpu_seconds(running.process.pid, besides=tracer)
+                        steal = Steal()
                         rate, ttfts = round_of(one, level)
+                        stolen[name].append(steal.percent())
                         timings, log_at = decode_ms_per_token(server.log_path, log_at, level)
                         decode[name] += timings
                         rates[name].append(rate)
@@ -446,6 +458,7 @@ def main() -> None:
                       f"{best['taskward'] / best['direct']:.2f} | {p50['direct']:.0f} | "
                       f"{p50['taskward']:.0f} | {p50['taskward'] - p50['direct']:+.0f} |")
                 pair_lines.append(pair_line(level, rates))
+                pair_lines.append(steal_line(level, stolen))
                 if level > args.parallel:
                     queued_lines.append(queued_line(level, args.parallel, firsts))
                 stage_lines.append(stage_line(level, root / "taskward.db", kept,
