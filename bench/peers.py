@@ -53,7 +53,7 @@ from bench.peer_systems import (
     rows,
 )
 from bench.startup import Checkout, compile_sources
-from bench.steal import Steal
+from bench.steal import Steal, percents
 from bench.store import raw_pg_rate
 from bench.sweeper_cpu import cpu_seconds, server_cpu
 from tests.databases import private_pg_database
@@ -315,7 +315,7 @@ def steal_lines(results: dict[str, Figures]) -> list[str]:
     """Each system's workloads with the CPU the hypervisor stole while each round of it
     ran: a round with a high figure was measured on a machine running slower."""
     return [f"{name}: CPU stolen by the hypervisor, per round: " + "; ".join(
-        f"{workload} " + " / ".join(f"{share:.0f} %" for share in shares)
+        f"{workload} {percents(shares)}"
         for workload, shares in f.stolen.items()) for name, f in results.items() if f.stolen]
 
 

@@ -19,7 +19,7 @@ def _cpu_ticks() -> tuple[int, int]:
 
 
 class Steal:
-    """The steal from when this was made on."""
+    """A stopwatch of the hypervisor's steal, started when it is made."""
 
     def __init__(self) -> None:
         self._steal, self._all = _cpu_ticks()
@@ -28,3 +28,8 @@ class Steal:
         """Per cent of all CPU time since this was made that the hypervisor stole."""
         steal, every = _cpu_ticks()
         return 100 * (steal - self._steal) / max(1, every - self._all)
+
+
+def percents(shares: list[float]) -> str:
+    """Rounds' steal shares as printed beside their figures: `0 %, 13 %, 2 %`."""
+    return ", ".join(f"{share:.0f} %" for share in shares)

@@ -61,7 +61,7 @@ import httpx
 from sqlalchemy import create_engine, func, select
 
 from bench import commits
-from bench.steal import Steal
+from bench.steal import Steal, percents
 from core.tables import task_events, tasks
 from tests.scheduler.processes import Children, run_command, run_json
 from tests.service.running import Runs, run_env
@@ -189,7 +189,7 @@ def steal_line(level: int, stolen: dict[str, list[float]]) -> str:
     """The CPU the hypervisor took from this VM during each round (`bench.steal`): a
     round it slowed is no figure of taskward's."""
     return (f"{level} streams, CPU stolen by the hypervisor per round: " + "; ".join(
-        f"{name} " + ", ".join(f"{share:.0f} %" for share in shares)
+        f"{name} {percents(shares)}"
         for name, shares in stolen.items()))
 
 
