@@ -192,7 +192,7 @@ def _execute(
         return _fail(db, attempt, INVALID_REQUEST, "the stored request cannot be decoded")
     try:
         engine_name, model_file = verify(claim.model)
-        engine = engine_named(engine_name, engine_options(settings))
+        engine = engine_named(engine_name, partial(engine_options, settings))
     except EngineError as exc:
         return _engine_failed(db, settings, attempt, exc)
     except DomainError as exc:  # unknown_engine: the registry names an engine we lack

@@ -197,7 +197,7 @@ def test_the_cache_evicts_the_least_recently_used_model(default_model_file: Mode
 
 
 def test_the_engine_is_registered_as_llama_cpp() -> None:
-    assert isinstance(engine_named("llama.cpp", EngineOptions()), LlamaEngine)
+    assert isinstance(engine_named("llama.cpp", EngineOptions), LlamaEngine)
 
 
 @pytest.mark.parametrize("content", ["garbage", "truncated"])
