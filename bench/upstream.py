@@ -19,7 +19,10 @@ At each concurrency level, a round sends that many streaming requests at once:
 Direct and taskward rounds alternate; per level the best aggregate tokens/s and the p50
 time to the first text delta (from sending the request) of all rounds are printed, and
 for a level above the server's slots the p50s of the streams given a slot at once and
-of those it queued, apart (the level's p50 is the midpoint between the two groups).
+of those it queued, apart (the level's p50 is the midpoint between the two groups),
+and the queued ones' less the time the server spent decoding the first group's tokens
+in their round (`queued_less_decode_line`: a queued stream's wait is mostly that time,
+which moves by a second between neighbouring rounds of either side).
 Per level, too, the ratio of each taskward round over the direct round before it
 (`pair_line`: the server's decode speed swings from round to round, so the best
 rounds may come from different minutes); where the taskward side's streams spent
@@ -205,6 +208,28 @@ def queued_line(level: int, parallel: int, firsts: dict[str, list[list[float]]])
             f"({ours_now - direct_now:+.0f}); of the {level - parallel} queued: direct "
             f"{direct_queued:.0f} ms, taskward {ours_queued:.0f} ms "
             f"({ours_queued - direct_queued:+.0f})")
+
+
+def queued_less_decode_line(level: int, parallel: int, firsts: dict[str, list[list[float]]],
+                            first_decode_ms: dict[str, list[float]]) -> str:
+    """A queued stream waits until a slot's request has generated all its tokens, so its
+    first delta moves with the server's decode speed of its round times the tokens asked
+    for: 128 tokens at 30 or at 40 ms each, which neighbouring rounds of either side
+    drew (seen here), move it by 1.3 s. Less the time the server spent decoding the
+    first group's tokens in the same round (its own log), what is left is the rest of
+    the wait (the first group's arrival and prompt, the queued one's prompt, the path
+    through taskward), comparable between rounds of different speeds."""
+    left = {}
+    for name, rounds in firsts.items():
+        left[name] = statistics.median(
+            v * 1000 - decoded for ttfts, decoded in zip(rounds, first_decode_ms[name],
+                                                         strict=True)
+            if decoded == decoded  # NaN: the round's log lines did not all come
+            for v in sorted(ttfts)[parallel:])
+    return (f"{level} streams, first delta p50 of the {level - parallel} queued, less the "
+            f"server's decode of the first {parallel}'s tokens in their round: direct "
+            f"{left['direct']:.0f} ms, taskward {left['taskward']:.0f} ms "
+            f"({left['taskward'] - left['direct']:+.0f})")
 
 
 def halves_ms(rounds: list[list[float]], parallel: int) -> tuple[float, float]:
@@ -432,6 +457,10 @@ def main() -> None:
                 rates: dict[str, list[float]] = {name: [] for name in sides}
                 firsts: dict[str, list[list[float]]] = {name: [] for name in sides}
                 stolen: dict[str, list[float]] = {name: [] for name in sides}
+                # Per round, the ms the server spent decoding the tokens of the requests
+                # it finished first (the first group above its slots): their mean per
+                # token times the tokens each was asked for.
+                first_decode: dict[str, list[float]] = {name: [] for name in sides}
                 for _ in range(args.rounds):
                     for name, one in sides.items():
                         if name == "taskward" and level == levels[-1]:
@@ -442,6 +471,9 @@ def main() -> None:
                         stolen[name].append(steal.percent())
                         timings, log_at = decode_ms_per_token(server.log_path, log_at, level)
                         decode[name] += timings
+                        first_decode[name].append(
+                            statistics.mean(timings[:args.parallel]) * args.tokens
+                            if len(timings) >= level else float("nan"))
                         rates[name].append(rate)
                         firsts[name].append(ttfts)
                         if name == "taskward" and level == levels[-1]:
@@ -461,6 +493,8 @@ def main() -> None:
                 pair_lines.append(steal_line(level, stolen))
                 if level > args.parallel:
                     queued_lines.append(queued_line(level, args.parallel, firsts))
+                    queued_lines.append(queued_less_decode_line(level, args.parallel, firsts,
+                                                                first_decode))
                 stage_lines.append(stage_line(level, root / "taskward.db", kept,
                                               [v for ttfts in firsts["direct"] for v in ttfts]))
                 decode_lines.append(decode_line(level, decode))
