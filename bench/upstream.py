@@ -211,21 +211,21 @@ def queued_line(level: int, parallel: int, firsts: dict[str, list[list[float]]])
 
 
 def queued_less_decode_line(level: int, parallel: int, firsts: dict[str, list[list[float]]],
-                            first_decode_ms: dict[str, list[float]]) -> str:
+                            first_decode_ms: dict[str, list[float | None]]) -> str:
     """A queued stream waits until a slot's request has generated all its tokens, so its
     first delta moves with the server's decode speed of its round times the tokens asked
     for: 128 tokens at 30 or at 40 ms each, which neighbouring rounds of either side
     drew (seen here), move it by 1.3 s. Less the time the server spent decoding the
-    first group's tokens in the same round (its own log), what is left is the rest of
-    the wait (the first group's arrival and prompt, the queued one's prompt, the path
-    through taskward), comparable between rounds of different speeds."""
-    left = {}
-    for name, rounds in firsts.items():
-        left[name] = statistics.median(
-            v * 1000 - decoded for ttfts, decoded in zip(rounds, first_decode_ms[name],
-                                                         strict=True)
-            if decoded == decoded  # NaN: the round's log lines did not all come
-            for v in sorted(ttfts)[parallel:])
+    first group's tokens in the same round (its own log; None: the round's lines did
+    not all come), what is left is the rest of the wait (the first group's arrival and
+    prompt, the queued one's prompt, the path through taskward), comparable between
+    rounds of different speeds. A round's streams all lose the same time, so the same
+    ones stay queued (`halves_ms`)."""
+    left = {name: halves_ms([[v - decoded / 1000 for v in ttfts]
+                             for ttfts, decoded in zip(rounds, first_decode_ms[name],
+                                                       strict=True)
+                             if decoded is not None], parallel)[1]
+            for name, rounds in firsts.items()}
     return (f"{level} streams, first delta p50 of the {level - parallel} queued, less the "
             f"server's decode of the first {parallel}'s tokens in their round: direct "
             f"{left['direct']:.0f} ms, taskward {left['taskward']:.0f} ms "
@@ -460,7 +460,7 @@ def main() -> None:
                 # Per round, the ms the server spent decoding the tokens of the requests
                 # it finished first (the first group above its slots): their mean per
                 # token times the tokens each was asked for.
-                first_decode: dict[str, list[float]] = {name: [] for name in sides}
+                first_decode: dict[str, list[float | None]] = {name: [] for name in sides}
                 for _ in range(args.rounds):
                     for name, one in sides.items():
                         if name == "taskward" and level == levels[-1]:
@@ -473,7 +473,7 @@ def main() -> None:
                         decode[name] += timings
                         first_decode[name].append(
                             statistics.mean(timings[:args.parallel]) * args.tokens
-                            if len(timings) >= level else float("nan"))
+                            if len(timings) >= level else None)
                         rates[name].append(rate)
                         firsts[name].append(ttfts)
                         if name == "taskward" and level == levels[-1]:
