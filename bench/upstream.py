@@ -3,7 +3,8 @@ one run.
 
 Run from the repository root: `.venv/bin/python -m bench.upstream` (options: `--levels
 1,4,8`, `--tokens 128`, `--rounds 2`, `--threads 2`, `--parallel 4`, `--nice 0`,
-`--idle`, `--server-cores N`, `--count-commits`). About 2 minutes on 2 shared cores.
+`--idle`, `--server-cores N`, `--count-commits`, `--stages`). About 2 minutes on 2 shared
+cores.
 
 `--server-cores N` gives llama-server N cores of its own (and N threads), and the bench
 and taskward the others: the server as on a machine of its own, which is where a
@@ -28,7 +29,11 @@ Per level, too, the ratio of each taskward round over the direct round before it
 rounds may come from different minutes); where the taskward side's streams spent
 their time to the first delta (`stage_line`: stored, claimed, first text written, at
 the client), from the client's clock and the task's row and log, so that the
-difference is not only a total; and
+difference is not only a total; with `--stages`, `taskward run` is started through
+`bench.first_delta_probe`, which stamps the steps between the claim and the first
+delta's commit, and a finer line follows for the streams given a slot at once
+(`first_delta_line`: runner, engine thread, request handed to the transport, its first
+read, the runner's first text, its first write begun and committed); and
 llama-server's own decode time per token while it served each side (its log's
 `eval time` of each request): how much the server itself slowed beside taskward's
 processes, apart from what taskward's path adds.
@@ -53,6 +58,7 @@ import json
 import os
 import re
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -63,7 +69,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, func, select
 
-from bench import commits
+from bench import commits, first_delta_probe
 from bench.steal import Steal, percents
 from core.tables import task_events, tasks
 from tests.scheduler.processes import Children, run_command, run_json
@@ -281,10 +287,25 @@ def stage_line(level: int, database: Path, streams: list[Stream],
     (`started_at`), until its first text is written (the first delta event's stamp, taken
     as its flush begins; the upstream's own time to its first token lies inside, the
     direct side's p50 is printed beside it), and from that write to the client."""
-    engine = create_engine(f"sqlite:///{database}")
     stages: dict[str, list[float]] = {name: [] for name in (
         "sent -> stored", "stored -> claimed", "claimed -> first text written",
         "written -> client")}
+    for stamped in logged_stamps(database, streams):
+        marks = [stamped[name] for name in ("sent", "stored", "claimed", "written", "client")]
+        for name, before, after in zip(stages, marks, marks[1:], strict=False):
+            stages[name].append(after - before)
+    parts = ", ".join(f"{name} {statistics.median(values):.1f}"
+                      for name, values in stages.items())
+    return (f"{level} streams through taskward, p50 ms: {parts} (direct first delta p50 "
+            f"{statistics.median(direct_ttfts) * 1000:.0f})")
+
+
+def logged_stamps(database: Path, streams: list[Stream]) -> list[dict[str, float]]:
+    """Each stream's epoch milliseconds: sent and at the client (the client's clock),
+    stored and claimed (the task's row), its first text written (the first delta event's
+    stamp, taken as its flush begins)."""
+    engine = create_engine(f"sqlite:///{database}")
+    stamped: list[dict[str, float]] = []
     with engine.connect() as conn:
         for stream in streams:
             stored_ms, claimed_ms = conn.execute(
@@ -294,15 +315,38 @@ def stage_line(level: int, database: Path, streams: list[Stream],
                 select(func.min(task_events.c.created_at))
                 .where(task_events.c.task_id == stream.task_id,
                        task_events.c.type == "response.output_text.delta")).scalar_one()
-            marks = [stream.sent_at * 1000, stored_ms, claimed_ms, written_ms,
-                     (stream.sent_at + stream.first_delta_s) * 1000]
-            for name, before, after in zip(stages, marks, marks[1:], strict=False):
-                stages[name].append(after - before)
+            stamped.append({"sent": stream.sent_at * 1000, "stored": stored_ms,
+                            "claimed": claimed_ms, "written": written_ms,
+                            "client": (stream.sent_at + stream.first_delta_s) * 1000})
     engine.dispose()
-    parts = ", ".join(f"{name} {statistics.median(values):.1f}"
-                      for name, values in stages.items())
-    return (f"{level} streams through taskward, p50 ms: {parts} (direct first delta p50 "
-            f"{statistics.median(direct_ttfts) * 1000:.0f})")
+    return stamped
+
+
+def first_delta_line(level: int, given: int, database: Path, streams: list[Stream],
+                     probed: Path) -> str:
+    """Where the streams given a slot at once (the quickest `given` of each round's
+    `level`) spent their time to the first delta: the p50, over those streams, of each
+    step's milliseconds after the send, from the task's row and the probe's stamps
+    (`bench.first_delta_probe`) to the client's first delta."""
+    quickest = sorted(streams, key=lambda stream: stream.first_delta_s)
+    quickest = quickest[:len(streams) * min(level, given) // level]
+    probe_stamps = first_delta_probe.read(str(probed))
+    steps: dict[str, list[float]] = {}
+    waits: list[float] = []
+    for stream, logged in zip(quickest, logged_stamps(database, quickest), strict=True):
+        assert stream.task_id is not None
+        stamped = {"stored": logged["stored"], "claimed": logged["claimed"],
+                   **probe_stamps.get(stream.task_id, {}), "client": logged["client"]}
+        for step in ("stored", "claimed", *first_delta_probe.STAGES, "client"):
+            if step in stamped:
+                steps.setdefault(step, []).append(stamped[step] - logged["sent"])
+        if first_delta_probe.WAITED in stamped:
+            waits.append(stamped[first_delta_probe.WAITED])
+    parts = ", ".join(f"{step} {statistics.median(values):.1f}" for step, values in steps.items())
+    waited = f"; the first write {statistics.median(waits):.1f} of it runnable without a CPU" \
+        if waits else ""
+    return (f"{level} streams through taskward, the {min(level, given)} per round given a "
+            f"slot at once, p50 ms after the send: {parts}{waited}")
 
 
 @dataclass(frozen=True)
@@ -415,6 +459,9 @@ def main() -> None:
                              "its own, the bench and taskward to the others")
     parser.add_argument("--count-commits", action="store_true",
                         help="run taskward under `perf trace` to count its write transactions")
+    parser.add_argument("--stages", action="store_true",
+                        help="run taskward through bench.first_delta_probe and print where "
+                        "the streams given a slot at once spent their time to the first delta")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
     print(f"load average before: {os.getloadavg()}")
@@ -431,7 +478,12 @@ def main() -> None:
             run_json(env, "models", "add-upstream", MODEL, "--base-url", server.base_url,
                      "--upstream-model", "smollm2", "--max-concurrency", "8")
             trace = root / "syncs.trace" if args.count_commits else None
-            running = Runs(children).start(env, wrapper=commits.traced(trace) if trace else ())
+            probed = root / "stages.txt" if args.stages else None
+            wrapper = [*(commits.traced(trace) if trace else ()),
+                       *((sys.executable, "-m", "bench.first_delta_probe") if probed else ())]
+            if probed:
+                env["BENCH_STAGES_OUT"] = str(probed)
+            running = Runs(children).start(env, wrapper=wrapper)
             tracer = running.process.pid if trace else None
             if args.nice or args.idle:
                 deprioritise(running.process.pid, niceness=args.nice, idle=args.idle)
@@ -497,6 +549,9 @@ def main() -> None:
                                                                 first_decode))
                 stage_lines.append(stage_line(level, root / "taskward.db", kept,
                                               [v for ttfts in firsts["direct"] for v in ttfts]))
+                if probed:
+                    stage_lines.append(first_delta_line(level, args.parallel,
+                                                        root / "taskward.db", kept, probed))
                 decode_lines.append(decode_line(level, decode))
             for line in pair_lines + queued_lines + stage_lines + decode_lines:
                 print(line)
