@@ -24,8 +24,8 @@ from core.engines.base import Usage
 from core.states import Status
 from core.store.database import logged
 from core.store.driver import driver_cursor, placeholder
-from core.store.transitions import Event, encoded
-from core.tables import responses, task_events, tasks
+from core.store.transitions import Event, encoded, event_insert
+from core.tables import responses, tasks
 
 
 def append_events(
@@ -50,7 +50,7 @@ def append_events(
                  "created_at": now, "data": encoded(event.data)}
                 for offset, event in enumerate(events)]
         if rows:
-            cursor.executemany(_insert_event(mark), [tuple(r.values()) for r in rows])
+            cursor.executemany(event_insert(mark), [tuple(r.values()) for r in rows])
     logged(conn, rows)
     return rows
 
@@ -78,13 +78,6 @@ def _bump(mark: str, with_snapshot: bool) -> str:
             f"{c.last_seq.name} = {c.last_seq.name} + {mark}{snapshot} "
             f"WHERE {c.id.name} = {mark} AND {c.owner_token.name} = {mark} "
             f"AND {c.status.name} = '{Status.RUNNING.value}' RETURNING {c.last_seq.name}")
-
-
-@cache
-def _insert_event(mark: str) -> str:
-    c = task_events.c
-    names = ", ".join(col.name for col in (c.task_id, c.seq, c.type, c.created_at, c.data))
-    return f"INSERT INTO {task_events.name} ({names}) VALUES ({', '.join([mark] * 5)})"
 
 
 @cache
