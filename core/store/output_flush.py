@@ -24,7 +24,7 @@ from core.engines.base import Usage
 from core.states import Status
 from core.store.database import logged
 from core.store.driver import driver_cursor, placeholder
-from core.store.transitions import Event, encoded, event_insert
+from core.store.transitions import Event, encoded, insert_event_rows
 from core.tables import responses, tasks
 
 
@@ -50,7 +50,7 @@ def append_events(
                  "created_at": now, "data": encoded(event.data)}
                 for offset, event in enumerate(events)]
         if rows:
-            cursor.executemany(event_insert(mark), [tuple(r.values()) for r in rows])
+            insert_event_rows(cursor, mark, rows)
     logged(conn, rows)
     return rows
 

@@ -207,18 +207,22 @@ def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> None:
     takes several rows as one statement (`insert_rows`), a round trip instead of many."""
     if conn.dialect.name == "sqlite" and rows:
         with driver_cursor(conn) as cursor:
-            cursor.executemany(event_insert(placeholder(conn.dialect)),
-                               [(row["task_id"], row["seq"], row["type"], row["created_at"],
-                                 row["data"]) for row in rows])
+            insert_event_rows(cursor, placeholder(conn.dialect), rows)
     else:
         insert_rows(conn, task_events, rows)
     logged(conn, rows)
 
 
+def insert_event_rows(cursor: Any, mark: str, rows: Sequence[dict[str, Any]]) -> None:
+    """Event rows (the keys `_event_rows` makes) inserted on a driver `cursor` whose
+    parameter mark is `mark`: one executemany."""
+    cursor.executemany(_event_insert(mark), [
+        (row["task_id"], row["seq"], row["type"], row["created_at"], row["data"])
+        for row in rows])
+
+
 @cache
-def event_insert(mark: str) -> str:
-    """The driver's text inserting one event row, parameters marked with `mark` in the
-    order task_id, seq, type, created_at, data."""
+def _event_insert(mark: str) -> str:
     c = task_events.c
     names = ", ".join(col.name for col in (c.task_id, c.seq, c.type, c.created_at, c.data))
     return f"INSERT INTO {task_events.name} ({names}) VALUES ({', '.join([mark] * 5)})"
