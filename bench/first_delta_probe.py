@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 STAGES = ("runner", "engine", "request", "first read", "first text", "write begun", "written")
@@ -135,7 +136,7 @@ def _run_delay_ms() -> float:
         return int(schedstat.read().split()[1]) / 1e6
 
 
-def read(path: str) -> dict[str, dict[str, float]]:
+def read(path: Path) -> dict[str, dict[str, float]]:
     """The stamps of a run: task id -> stage -> epoch ms (`WAITED`: its ms)."""
     stamps: dict[str, dict[str, float]] = {}
     with open(path) as lines:

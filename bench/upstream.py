@@ -279,18 +279,18 @@ def decode_line(level: int, decode: dict[str, list[float]]) -> str:
             f"{p50['taskward']:.1f} ({p50['taskward'] / p50['direct'] - 1:+.0%})")
 
 
-def stage_line(level: int, database: Path, streams: list[Stream],
-               direct_ttfts: list[float]) -> str:
+def stage_line(level: int, logged: list[dict[str, float]], direct_ttfts: list[float]) -> str:
     """Where a level's streams through taskward spent their time to the first delta, from
     the client's clock and the task's row and log (millisecond stamps, so each stage is
     +-1 ms): the POST until the task is stored (`created_at`), until it is claimed
     (`started_at`), until its first text is written (the first delta event's stamp, taken
     as its flush begins; the upstream's own time to its first token lies inside, the
-    direct side's p50 is printed beside it), and from that write to the client."""
+    direct side's p50 is printed beside it), and from that write to the client
+    (`logged`: each stream's `logged_stamps`)."""
     stages: dict[str, list[float]] = {name: [] for name in (
         "sent -> stored", "stored -> claimed", "claimed -> first text written",
         "written -> client")}
-    for stamped in logged_stamps(database, streams):
+    for stamped in logged:
         marks = [stamped[name] for name in ("sent", "stored", "claimed", "written", "client")]
         for name, before, after in zip(stages, marks, marks[1:], strict=False):
             stages[name].append(after - before)
@@ -322,24 +322,25 @@ def logged_stamps(database: Path, streams: list[Stream]) -> list[dict[str, float
     return stamped
 
 
-def first_delta_line(level: int, given: int, database: Path, streams: list[Stream],
-                     probed: Path) -> str:
+def first_delta_line(level: int, given: int, streams: list[Stream],
+                     logged: list[dict[str, float]], probed: Path) -> str:
     """Where the streams given a slot at once (the quickest `given` of each round's
     `level`) spent their time to the first delta: the p50, over those streams, of each
-    step's milliseconds after the send, from the task's row and the probe's stamps
-    (`bench.first_delta_probe`) to the client's first delta."""
-    quickest = sorted(streams, key=lambda stream: stream.first_delta_s)
-    quickest = quickest[:len(streams) * min(level, given) // level]
-    probe_stamps = first_delta_probe.read(str(probed))
+    step's milliseconds after the send, from the task's row (`logged`: each stream's
+    `logged_stamps`) and the probe's stamps (`bench.first_delta_probe`) to the client's
+    first delta."""
+    quickest = sorted(zip(streams, logged, strict=True), key=lambda pair: pair[0].first_delta_s)
+    probe_stamps = first_delta_probe.read(probed)
     steps: dict[str, list[float]] = {}
     waits: list[float] = []
-    for stream, logged in zip(quickest, logged_stamps(database, quickest), strict=True):
+    for stream, row in quickest[:len(streams) * min(level, given) // level]:
         assert stream.task_id is not None
-        stamped = {"stored": logged["stored"], "claimed": logged["claimed"],
-                   **probe_stamps.get(stream.task_id, {}), "client": logged["client"]}
+        # The row's own `written` (the delta event's stamp) is the probe's `write begun`.
+        stamped = {**probe_stamps.get(stream.task_id, {}),
+                   **{step: row[step] for step in ("stored", "claimed", "client")}}
         for step in ("stored", "claimed", *first_delta_probe.STAGES, "client"):
             if step in stamped:
-                steps.setdefault(step, []).append(stamped[step] - logged["sent"])
+                steps.setdefault(step, []).append(stamped[step] - row["sent"])
         if first_delta_probe.WAITED in stamped:
             waits.append(stamped[first_delta_probe.WAITED])
     parts = ", ".join(f"{step} {statistics.median(values):.1f}" for step, values in steps.items())
@@ -547,11 +548,12 @@ def main() -> None:
                     queued_lines.append(queued_line(level, args.parallel, firsts))
                     queued_lines.append(queued_less_decode_line(level, args.parallel, firsts,
                                                                 first_decode))
-                stage_lines.append(stage_line(level, root / "taskward.db", kept,
+                logged = logged_stamps(root / "taskward.db", kept)
+                stage_lines.append(stage_line(level, logged,
                                               [v for ttfts in firsts["direct"] for v in ttfts]))
                 if probed:
-                    stage_lines.append(first_delta_line(level, args.parallel,
-                                                        root / "taskward.db", kept, probed))
+                    stage_lines.append(first_delta_line(level, args.parallel, kept, logged,
+                                                        probed))
                 decode_lines.append(decode_line(level, decode))
             for line in pair_lines + queued_lines + stage_lines + decode_lines:
                 print(line)
