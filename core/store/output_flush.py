@@ -24,7 +24,7 @@ from core.engines.base import Usage
 from core.states import Status
 from core.store.database import logged
 from core.store.driver import driver_cursor, placeholder
-from core.store.transitions import Event, encoded, insert_event_rows
+from core.store.transitions import Event, insert_event_rows, numbered_rows
 from core.tables import responses, tasks
 
 
@@ -45,10 +45,7 @@ def append_events(
         row = cursor.fetchone()
         if row is None:
             return None
-        first = row[0] - len(events) + 1
-        rows = [{"task_id": task_id, "seq": first + offset, "type": event.type,
-                 "created_at": now, "data": encoded(event.data)}
-                for offset, event in enumerate(events)]
+        rows = numbered_rows(task_id, row[0], events, now)
         if rows:
             insert_event_rows(cursor, mark, rows)
     logged(conn, rows)

@@ -214,7 +214,7 @@ def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> None:
 
 
 def insert_event_rows(cursor: Any, mark: str, rows: Sequence[dict[str, Any]]) -> None:
-    """Event rows (the keys `_event_rows` makes) inserted on a driver `cursor` whose
+    """Event rows (`numbered_rows`) inserted on a driver `cursor` whose
     parameter mark is `mark`: one executemany."""
     cursor.executemany(_event_insert(mark), [
         (row["task_id"], row["seq"], row["type"], row["created_at"], row["data"])
@@ -311,12 +311,16 @@ def _event_rows(
         batch = events.make(row) if isinstance(events, PerRow) else events
         if len(batch) != count:
             raise ValueError("a PerRow made a different number of events than it declared")
-        first = row.last_seq - count + 1
-        for offset, item in enumerate(batch):
-            yield {
-                "task_id": row.id,
-                "seq": first + offset,
-                "type": item.type,
-                "created_at": now,
-                "data": encoded(item.data),
-            }
+        yield from numbered_rows(row.id, row.last_seq, batch, now)
+
+
+def numbered_rows(
+    task_id: str, last_seq: int, events: Sequence[Event], now: int
+) -> list[dict[str, Any]]:
+    """The event rows of `events` for `task_id`, numbered so the last is `last_seq` (the
+    task's `last_seq` after a bump by `len(events)`): the one shape `insert_event_rows`
+    and the announcement (`logged`) take."""
+    first = last_seq - len(events) + 1
+    return [{"task_id": task_id, "seq": first + offset, "type": event.type,
+             "created_at": now, "data": encoded(event.data)}
+            for offset, event in enumerate(events)]
