@@ -7,6 +7,10 @@ the real command, and appends a line `<epoch ms> <stage> <task id>` to the file
 `BENCH_STAGES_OUT` names the first time each task passes each stage (line-buffered:
 the bench ends the process with SIGKILL). The stages, in the order a task passes them:
 
+- `claim begun` and `claim returned`: the claimer's call that took the task
+  (`core.store.claims.claim`, its commit included) was entered and returned: the first
+  is the in-process wake-up's share of stored -> claimed, the second the rest of the
+  claim's transaction after the lease's stamp (`claimed`);
 - `runner`: a runner thread starts the attempt (`scheduler.execute.execute`);
 - `engine`: its engine thread starts (`scheduler.execute._produce`);
 - `request`: the engine hands the request to the transport's loop (`open_stream`);
@@ -35,7 +39,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-STAGES = ("runner", "engine", "request", "first read", "first text", "write begun", "written")
+STAGES = ("claim begun", "claim returned", "runner", "engine", "request", "first read",
+          "first text", "write begun", "written")
 WAITED = "write waited for a CPU"
 _current = threading.local()  # the task whose engine runs on this thread
 
@@ -66,8 +71,20 @@ def install(out: str) -> None:
     import scheduler.execute as execute
     import scheduler.output as output
     from core.engines.upstream import engine, transport
+    from core.store import claims
 
     stamps = _Stamps(out)
+    claim = claims.claim
+
+    def stamped_claim(*args: Any, **kwargs: Any) -> Any:
+        begun = time.time() * 1000
+        taken = claim(*args, **kwargs)
+        for each in taken:
+            stamps.stamp("claim begun", each.task_id, begun)
+            stamps.stamp("claim returned", each.task_id)
+        return taken
+    claims.claim = stamped_claim
+
     run_attempt = execute.execute
 
     def stamped_execute(db: Any, settings: Any, attempt: Any, **kwargs: Any) -> Any:

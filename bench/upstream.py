@@ -32,8 +32,8 @@ the client), from the client's clock and the task's row and log, so that the
 difference is not only a total; with `--stages`, `taskward run` is started through
 `bench.first_delta_probe`, which stamps the steps between the claim and the first
 delta's commit, and a finer line follows for the streams given a slot at once
-(`first_delta_line`: runner, engine thread, request handed to the transport, its first
-read, the runner's first text, its first write begun and committed); and
+(`first_delta_line`: the claimer's call entered and returned, runner, engine thread,
+request handed to the transport, its first read, the runner's first text, its first write begun and committed); and
 llama-server's own decode time per token while it served each side (its log's
 `eval time` of each request): how much the server itself slowed beside taskward's
 processes, apart from what taskward's path adds.
@@ -333,12 +333,15 @@ def first_delta_line(level: int, given: int, streams: list[Stream],
     probe_stamps = first_delta_probe.read(probed)
     steps: dict[str, list[float]] = {}
     waits: list[float] = []
+    # In time order: the log's `claimed` (the lease's stamp) falls inside the claim's call.
+    order = ["stored", *first_delta_probe.STAGES, "client"]
+    order.insert(order.index("claim returned"), "claimed")
     for stream, row in quickest[:len(streams) * min(level, given) // level]:
         assert stream.task_id is not None
         # The row's own `written` (the delta event's stamp) is the probe's `write begun`.
         stamped = {**probe_stamps.get(stream.task_id, {}),
                    **{step: row[step] for step in ("stored", "claimed", "client")}}
-        for step in ("stored", "claimed", *first_delta_probe.STAGES, "client"):
+        for step in order:
             if step in stamped:
                 steps.setdefault(step, []).append(stamped[step] - row["sent"])
         if first_delta_probe.WAITED in stamped:
