@@ -33,10 +33,10 @@ difference is not only a total; with `--stages`, `taskward run` is started throu
 `bench.first_delta_probe`, which stamps the steps between the claim and the first
 delta's commit, and a finer line follows for the streams given a slot at once
 (`first_delta_line`: the claimer's call entered and returned, runner, engine thread,
-request handed to the transport, its first read, the runner's first text, its first write begun and committed); and
-llama-server's own decode time per token while it served each side (its log's
-`eval time` of each request): how much the server itself slowed beside taskward's
-processes, apart from what taskward's path adds.
+request handed to the transport, its first read, the runner's first text, its first
+write begun and committed); and llama-server's own decode time per token while it
+served each side (its log's `eval time` of each request): how much the server itself
+slowed beside taskward's processes, apart from what taskward's path adds.
 The store's write load at the highest level: events per generated token and per
 second from the event log, and with `--count-commits` the write transactions too, every
 one that any taskward process committed (tasks created, claims, flushes, lease renewals,
