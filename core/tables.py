@@ -43,6 +43,10 @@ _OUTSIDE_LINE_SQL = "status = 'queued' AND vtime IS NULL"
 # a lone `x = ?` may match once bound); PostgreSQL cannot prove it from a parameter
 # either once a statement runs with a generic plan. Without these terms a
 # claim or a retention batch scans the whole table, finished history included.
+# Nor should a query compare `status` with a bound parameter beside them: SQLite then
+# plans with the value bound at the time and prepares the statement again whenever the
+# parameter is bound anew, every execution (a claim's resumable candidates took 45 us
+# a read, 5 with the state written in the text).
 IS_QUEUED: TextClause = text(_QUEUED_SQL)
 IS_ACTIVE: TextClause = text(_ACTIVE_SQL)
 IS_LEASED: TextClause = text(_LEASED_SQL)

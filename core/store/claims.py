@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Connection, Row, bindparam, func, select, update
+from sqlalchemy import Connection, Row, bindparam, func, literal_column, select, update
 
 from core.engines.base import Usage
 from core.ids import new_owner_token
@@ -188,7 +188,7 @@ _POOLS = {_LOCAL: tasks.c.model.not_in(bindparam("p_models", expanding=True)),
           _UPSTREAM: tasks.c.model.in_(bindparam("p_models", expanding=True))}
 _RESUMABLE = {pool: _candidates_query(
     IS_LEASED,
-    tasks.c.status == Status.RUNNING.value,
+    tasks.c.status == literal_column(f"'{Status.RUNNING.value}'"),  # not bound: `IS_LEASED`
     tasks.c.on_restart == OnRestart.RESUME.value,
     tasks.c.lease_expires_at.is_(None) | (tasks.c.lease_expires_at <= bindparam("p_now")),
     models_term,
