@@ -26,6 +26,8 @@ from sqlalchemy import (
     text,
 )
 
+from core.states import Status
+
 _QUEUED_SQL = "status = 'queued'"
 _ACTIVE_SQL = "status IN ('queued', 'loading', 'running', 'cancelling')"
 _LEASED_SQL = "status IN ('loading', 'running', 'cancelling')"
@@ -54,6 +56,13 @@ IS_TERMINAL: TextClause = text(_TERMINAL_SQL)
 IS_DEAD_LETTER: TextClause = text(_DEAD_SQL)
 IS_IN_LINE: TextClause = text(_IN_LINE_SQL)
 IS_OUTSIDE_LINE: TextClause = text(_OUTSIDE_LINE_SQL)
+
+
+def status_in(*states: Status) -> TextClause:
+    """`status` is one of `states`, written into the statement's text (see above: a
+    parameter there would have SQLite prepare the statement at every execution)."""
+    listed = ", ".join(f"'{state.value}'" for state in states)
+    return text(f"status IN ({listed})")
 
 
 def _ms(name: str, nullable: bool = False, index: bool = False) -> Column[int]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Connection, Row, bindparam, func, literal_column, select, update
+from sqlalchemy import Connection, Row, bindparam, func, select, update
 
 from core.engines.base import Usage
 from core.ids import new_owner_token
@@ -24,7 +24,7 @@ from core.store.database import Database, logged
 from core.store.line import place_due
 from core.store.models import ModelEntry, entries
 from core.store.transitions import Add, Event, Held, IfNull, Locked, PerRow, encoded, move
-from core.tables import IS_IN_LINE, IS_LEASED, responses, task_events, tasks
+from core.tables import IS_IN_LINE, IS_LEASED, responses, status_in, task_events, tasks
 
 # Whether the last claim through a `Database` found upstream models registered (before
 # the first: assumed so). While none are (or no upstream slot is free), a claim on
@@ -188,7 +188,7 @@ _POOLS = {_LOCAL: tasks.c.model.not_in(bindparam("p_models", expanding=True)),
           _UPSTREAM: tasks.c.model.in_(bindparam("p_models", expanding=True))}
 _RESUMABLE = {pool: _candidates_query(
     IS_LEASED,
-    tasks.c.status == literal_column(f"'{Status.RUNNING.value}'"),  # not bound: `IS_LEASED`
+    status_in(Status.RUNNING),
     tasks.c.on_restart == OnRestart.RESUME.value,
     tasks.c.lease_expires_at.is_(None) | (tasks.c.lease_expires_at <= bindparam("p_now")),
     models_term,

@@ -14,15 +14,14 @@ from sqlalchemy import bindparam, func, select
 
 from core.states import Status
 from core.store.database import Database
-from core.tables import IS_TERMINAL, tasks
+from core.tables import IS_TERMINAL, status_in, tasks
 
 MINUTE_MS = 60_000
-_COUNTED = (Status.COMPLETED.value, Status.FAILED.value)
 _minute = (tasks.c.finished_at // MINUTE_MS).label("minute")
 _PER_MINUTE = (
     select(_minute, tasks.c.status, func.count().label("finished"))
     .where(IS_TERMINAL, tasks.c.finished_at >= bindparam("since"),
-           tasks.c.status.in_(_COUNTED))
+           status_in(Status.COMPLETED, Status.FAILED))
     .group_by(_minute, tasks.c.status)
 )
 

@@ -16,7 +16,7 @@ from core.store.database import Database
 from core.store.driver import autocommit_cursor, placeholder
 from core.store.pages import newest_first
 from core.store.transitions import Event, move
-from core.tables import IS_DEAD_LETTER, responses, task_events, tasks
+from core.tables import IS_DEAD_LETTER, responses, status_in, task_events, tasks
 
 _IDS_PER_QUERY = 500  # bound parameters per statement, well inside both stores' limits
 
@@ -99,7 +99,7 @@ def list_tasks(
     """A page of tasks, newest first; the cursor is the last id of the page."""
     query = select(*TASK_COLUMNS).where(*visible(client_id))
     if status is not None:
-        query = query.where(tasks.c.status == status.value)
+        query = query.where(status_in(status))
     if model is not None:
         query = query.where(tasks.c.model == model)
     if priority is not None:

@@ -119,9 +119,17 @@ def test_a_sweeper_step_never_scans_the_tasks_table(db: Database, model_id: str,
 _BOUND_STATUS = re.compile(r"\bstatus\s*(?:=|!=|<>|(?:NOT\s+)?IN\s*\()\s*(?:\?|%)", re.IGNORECASE)
 
 
-@pytest.mark.parametrize("step", sorted(SWEEPER_STEPS))
-def test_a_sweeper_read_states_the_task_state_in_its_text_not_as_a_parameter(
-    db: Database, model_id: str, step: str
+# The recurring reads that name a task state: the sweeper's, and the console's polls.
+STATE_READS: dict[str, Callable[[Database], object]] = {
+    **SWEEPER_STEPS,
+    "list_by_state": lambda db: tasks.list_tasks(db, None, status=Status.QUEUED),
+    "finished_per_minute": lambda db: finished_per_minute(db, db.clock.now_ms()),
+}
+
+
+@pytest.mark.parametrize("read", sorted(STATE_READS))
+def test_a_recurring_read_states_the_task_state_in_its_text_not_as_a_parameter(
+    db: Database, model_id: str, read: str
 ) -> None:
     # SQLite plans a query whose `status` is compared with a parameter by the value bound
     # then (the partial indexes on `status` may apply), and prepares it again each time
@@ -129,7 +137,7 @@ def test_a_sweeper_read_states_the_task_state_in_its_text_not_as_a_parameter(
     for _ in range(3):
         new_task(db, model_id)
     with captured(db) as statements:
-        SWEEPER_STEPS[step](db)
+        STATE_READS[read](db)
     reads = [sql for sql, _ in statements if sql.lstrip().upper().startswith(("SELECT", "WITH"))]
     assert [sql for sql in reads if _BOUND_STATUS.search(sql)] == []
 
