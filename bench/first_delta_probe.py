@@ -54,7 +54,8 @@ class _Stamps:
         self._lock = threading.Lock()
 
     def stamp(self, stage: str, task_id: str | None, value: float | None = None) -> None:
-        """`value`: what to record instead of the time now (a duration in ms)."""
+        """`value`: what to record instead of the time now (a stamp taken earlier, or
+        a duration in ms)."""
         if task_id is None:
             return
         now = time.time() * 1000 if value is None else value

@@ -197,7 +197,7 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert event rows that `move` collected (`event_rows`), and name them for the
+    """Insert event rows that `move` collected (`numbered_rows`), and name them for the
     transaction's announcement (`logged`).
 
     On SQLite the rows go to the driver's `executemany` (`core.store.driver`): through
