@@ -227,11 +227,15 @@ def queued_less_decode_line(level: int, parallel: int, firsts: dict[str, list[li
     prompt, the queued one's prompt, the path through taskward), comparable between
     rounds of different speeds. A round's streams all lose the same time, so the same
     ones stay queued (`halves_ms`)."""
-    left = {name: halves_ms([[v - decoded / 1000 for v in ttfts]
-                             for ttfts, decoded in zip(rounds, first_decode_ms[name],
-                                                       strict=True)
-                             if decoded is not None], parallel)[1]
-            for name, rounds in firsts.items()}
+    less_decode = {name: [[v - decoded / 1000 for v in ttfts]
+                          for ttfts, decoded in zip(rounds, first_decode_ms[name],
+                                                    strict=True)
+                          if decoded is not None]
+                   for name, rounds in firsts.items()}
+    if not all(less_decode.values()):
+        return (f"{level} streams, queued less decode: no round of a side had all its "
+                f"lines in the server's log")
+    left = {name: halves_ms(rounds, parallel)[1] for name, rounds in less_decode.items()}
     return (f"{level} streams, first delta p50 of the {level - parallel} queued, less the "
             f"server's decode of the first {parallel}'s tokens in their round: direct "
             f"{left['direct']:.0f} ms, taskward {left['taskward']:.0f} ms "
@@ -527,9 +531,10 @@ def main() -> None:
                         stolen[name].append(steal.percent())
                         timings, log_at = decode_ms_per_token(server.log_path, log_at, level)
                         decode[name] += timings
-                        first_decode[name].append(
-                            statistics.mean(timings[:args.parallel]) * args.tokens
-                            if len(timings) >= level else None)
+                        if level > args.parallel:
+                            first_decode[name].append(
+                                statistics.mean(timings[:args.parallel]) * args.tokens
+                                if len(timings) >= level else None)
                         rates[name].append(rate)
                         firsts[name].append(ttfts)
                         if name == "taskward" and level == levels[-1]:
