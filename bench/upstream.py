@@ -226,15 +226,16 @@ def queued_less_decode_line(level: int, parallel: int, firsts: dict[str, list[li
     not all come), what is left is the rest of the wait (the first group's arrival and
     prompt, the queued one's prompt, the path through taskward), comparable between
     rounds of different speeds. A round's streams all lose the same time, so the same
-    ones stay queued (`halves_ms`)."""
+    ones stay queued (`halves_ms`). A side with no round whose lines all came has no
+    figure, and the line says so."""
     less_decode = {name: [[v - decoded / 1000 for v in ttfts]
                           for ttfts, decoded in zip(rounds, first_decode_ms[name],
                                                     strict=True)
                           if decoded is not None]
                    for name, rounds in firsts.items()}
     if not all(less_decode.values()):
-        return (f"{level} streams, queued less decode: no round of a side had all its "
-                f"lines in the server's log")
+        return (f"{level} streams, queued less decode: on one side no round had the "
+                "server's log line of every request")
     left = {name: halves_ms(rounds, parallel)[1] for name, rounds in less_decode.items()}
     return (f"{level} streams, first delta p50 of the {level - parallel} queued, less the "
             f"server's decode of the first {parallel}'s tokens in their round: direct "
