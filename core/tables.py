@@ -58,11 +58,19 @@ IS_IN_LINE: TextClause = text(_IN_LINE_SQL)
 IS_OUTSIDE_LINE: TextClause = text(_OUTSIDE_LINE_SQL)
 
 
-def status_in(*states: Status) -> TextClause:
-    """`status` is one of `states`, written into the statement's text (see above: a
-    parameter there would have SQLite prepare the statement at every execution)."""
+def status_sql(*states: Status) -> str:
+    """The SQL term "`status` is one of `states`", the states written into the text (see
+    above: a parameter there would have SQLite prepare the statement at every
+    execution); for statements written as text for the driver."""
+    if len(states) == 1:
+        return f"status = '{states[0].value}'"
     listed = ", ".join(f"'{state.value}'" for state in states)
-    return text(f"status IN ({listed})")
+    return f"status IN ({listed})"
+
+
+def status_in(*states: Status) -> TextClause:
+    """`status_sql` as a term of a SQLAlchemy query."""
+    return text(status_sql(*states))
 
 
 def _ms(name: str, nullable: bool = False, index: bool = False) -> Column[int]:

@@ -25,7 +25,7 @@ from core.states import Status
 from core.store.database import logged
 from core.store.driver import driver_cursor, placeholder
 from core.store.transitions import Event, insert_event_rows, numbered_rows
-from core.tables import responses, tasks
+from core.tables import responses, status_sql, tasks
 
 
 def append_events(
@@ -74,7 +74,7 @@ def _bump(mark: str, with_snapshot: bool) -> str:
     return (f"UPDATE {tasks.name} SET {c.updated_at.name} = {mark}, "
             f"{c.last_seq.name} = {c.last_seq.name} + {mark}{snapshot} "
             f"WHERE {c.id.name} = {mark} AND {c.owner_token.name} = {mark} "
-            f"AND {c.status.name} = '{Status.RUNNING.value}' RETURNING {c.last_seq.name}")
+            f"AND {status_sql(Status.RUNNING)} RETURNING {c.last_seq.name}")
 
 
 @cache

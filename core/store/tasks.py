@@ -16,7 +16,7 @@ from core.store.database import Database
 from core.store.driver import autocommit_cursor, placeholder
 from core.store.pages import newest_first
 from core.store.transitions import Event, move
-from core.tables import IS_DEAD_LETTER, responses, status_in, task_events, tasks
+from core.tables import IS_DEAD_LETTER, responses, status_in, status_sql, task_events, tasks
 
 _IDS_PER_QUERY = 500  # bound parameters per statement, well inside both stores' limits
 
@@ -186,7 +186,7 @@ def cancelling_among(db: Database, task_ids: Sequence[str]) -> set[str]:
 # (`last_seq` only grows; `cancelling` never goes back).
 _POSITIONS = f"SELECT {tasks.c.id.name}, {tasks.c.last_seq.name} FROM {tasks.name} WHERE"
 _CANCELLING = (f"SELECT {tasks.c.id.name} FROM {tasks.name} "
-               f"WHERE {tasks.c.status.name} = '{Status.CANCELLING.value}' AND")
+               f"WHERE {status_sql(Status.CANCELLING)} AND")
 
 
 def _among(db: Database, query: str, task_ids: Sequence[str]) -> list[tuple[Any, ...]]:
