@@ -334,14 +334,17 @@ def first_delta_line(level: int, given: int, streams: list[Stream],
     step's milliseconds after the send, from the task's row (`logged`: each stream's
     `logged_stamps`) and the probe's stamps (`bench.first_delta_probe`) to the client's
     first delta."""
-    quickest = sorted(zip(streams, logged, strict=True), key=lambda pair: pair[0].first_delta_s)
+    paired = list(zip(streams, logged, strict=True))  # `level` a round, round after round
+    quickest = [pair for start in range(0, len(paired), level)
+                for pair in sorted(paired[start:start + level],
+                                   key=lambda pair: pair[0].first_delta_s)[:given]]
     probe_stamps = first_delta_probe.read(probed)
     steps: dict[str, list[float]] = {}
     waits: list[float] = []
     # In time order: the log's `claimed` (the lease's stamp) falls inside the claim's call.
     order = ["stored", *first_delta_probe.STAGES, "client"]
     order.insert(order.index("claim returned"), "claimed")
-    for stream, row in quickest[:len(streams) * min(level, given) // level]:
+    for stream, row in quickest:
         assert stream.task_id is not None
         # The row's own `written` (the delta event's stamp) is the probe's `write begun`.
         stamped = {**probe_stamps.get(stream.task_id, {}),
