@@ -59,6 +59,9 @@ class Attempt:
         self.renewed_at_ms = clock.now_ms() if leased_at_ms is None else leased_at_ms
         self._renewal_failed = False
         self._renewing_since_ms: int | None = None
+        # When this attempt's last fenced write of output began (None: none yet): the
+        # task was `running` and ours then, so a cancel made since fails its next write.
+        self.wrote_at_ms: int | None = None
         self.inbox = Inbox()
         # Raised by other threads, never waited on: a set's `add` and `in` are atomic,
         # and three `threading.Event`s (a lock and a condition each) cost more to make
@@ -116,6 +119,10 @@ class Attempt:
         self.renewed_at_ms = started_ms
         self._renewal_failed = False
         self._renewing_since_ms = None
+
+    def wrote(self, started_ms: int) -> None:
+        """A fenced write of output begun at `started_ms` committed (`wrote_at_ms`)."""
+        self.wrote_at_ms = started_ms
 
     def renewal_failed(self) -> None:
         self._renewal_failed = True

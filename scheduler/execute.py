@@ -343,12 +343,14 @@ class _Writes:
         flush = self._output.take_flush()
         if flush is not None:
             self._told_due_ms = None  # the group forgets a flush it takes
+            started_ms = self._db.clock.now_ms()
             # The first flush calls nobody, so that it waits for nobody either.
             self._flushes.write(worker_writes.OutputWrite(
                 self._attempt.task_id, self._attempt.claim.owner_token, flush.events,
                 text=flush.text, snapshot_json=flush.snapshot_json, usage=flush.usage,
                 start=not self._running), call_others=not flush.first)
             self._running = True
+            self._attempt.wrote(started_ms)
 
     def flush_called(self) -> None:
         """Flush now if the group still waits for it (a call may come late, after the

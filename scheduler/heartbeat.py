@@ -4,10 +4,11 @@ It runs apart from every runner and engine thread, so a slow model step or a lon
 flush never starves a lease (the lease is also much longer than the heartbeat period).
 Its answers feed back into the attempts: `cancelling` raises the cancel flag, a renewal
 that changes nothing raises `lost`. At each tick (~100 ms) it also asks the store which
-of its tasks a cancel has reached (one indexed read, only while it holds any), so a
-cancel made anywhere (any API process, the CLI, any machine, either store) stops an
-engine that has nothing to write for a while (loading, a long prompt) at once, rather
-than at its next write or heartbeat.
+of its tasks a cancel has reached (one indexed read), so a cancel made anywhere (any
+API process, the CLI, any machine, either store) stops an engine that has nothing to
+write for a while (loading, a long prompt) at once, rather than at its next write or
+heartbeat. It asks only about attempts that have not written for `WROTE_RECENTLY_MS`:
+a streaming attempt's own writes, fenced on `running`, tell it of a cancel as soon.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from core.thread_names import named_thread
 from scheduler.attempt import Attempt, StopReason
 
 log = logging.getLogger(__name__)
+
+# An attempt whose last write of output began less than this long ago is not asked
+# about: that write found the task `running`, so a cancel made since fails its next
+# one, which a streaming attempt makes every flush interval (by default 100 ms, plus
+# one gap between tokens). Asking about it as well cost ~0.24 CPU-ms a tick on SQLite,
+# ~8 % of the process's CPU at 8 upstream streams (docs/benchmarks.md, "Thirty-first
+# wave"). An attempt that has gone quiet is asked about within this and a tick.
+WROTE_RECENTLY_MS = 200
 
 
 class LeaseKeeper:
@@ -70,13 +79,17 @@ class LeaseKeeper:
                     self._renew(attempt)
 
     def _cancelled(self, held: list[Attempt]) -> set[str]:
-        """The held tasks now `cancelling` (that state never goes back to running)."""
-        if not held:
+        """The held tasks now `cancelling` (that state never goes back to running) among
+        those whose attempts have not written recently (`WROTE_RECENTLY_MS`)."""
+        quiet_since_ms = self._db.clock.now_ms() - WROTE_RECENTLY_MS
+        quiet = [attempt.task_id for attempt in held
+                 if attempt.wrote_at_ms is None or attempt.wrote_at_ms <= quiet_since_ms]
+        if not quiet:
             return set()
         from core.store.tasks import cancelling_among  # not before the first claim
 
         try:
-            return cancelling_among(self._db, [attempt.task_id for attempt in held])
+            return cancelling_among(self._db, quiet)
         except Exception:  # an unreachable store: the renewals report it
             return set()
 

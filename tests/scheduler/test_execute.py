@@ -96,6 +96,24 @@ def test_deltas_are_flushed_by_time_between_chunks(
     assert streamed_text(db, task_id) == expected_text(10)
 
 
+def test_an_attempt_records_when_its_last_flush_began_for_the_lease_keeper(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    # The keeper leaves a cancel of an attempt that wrote recently to its next write.
+    settings = replace(fast, flush_bytes=10_000, flush_interval_ms=50)
+    task_id = new_task(db, model_id, input="words=6 delay=0.03")
+    [claim] = claims.claim(db, limit=1, lease_ms=60_000, node_id="node-a")
+    attempt = Attempt(claim, clock=db.clock, timeout_ms=60_000, lease_ms=60_000)
+    assert attempt.wrote_at_ms is None
+
+    assert execute(db, settings, attempt) is Outcome.COMPLETED
+
+    *_, last_delta = [e for e in events_of(db, task_id)
+                      if e.type == "response.output_text.delta"]
+    assert attempt.wrote_at_ms is not None
+    assert 0 <= last_delta.created_at - attempt.wrote_at_ms < 1_000
+
+
 def test_a_resumed_task_continues_after_what_was_streamed_without_reopening_the_item(
     db: Database, fast: Settings, model_id: str
 ) -> None:
