@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # about: that write found the task `running`, so a cancel made since fails its next
 # one, which a streaming attempt makes every flush interval (by default 100 ms, plus
 # one gap between tokens). Asking about it as well cost ~0.24 CPU-ms a tick on SQLite,
-# ~8 % of the process's CPU at 8 upstream streams (docs/benchmarks.md, "Thirty-first
+# 6-8 % of the process's CPU at 8 upstream streams (docs/benchmarks.md, "Thirty-first
 # wave"). An attempt that has gone quiet is asked about within this and a tick.
 WROTE_RECENTLY_MS = 200
 
@@ -81,9 +81,9 @@ class LeaseKeeper:
     def _cancelled(self, held: list[Attempt]) -> set[str]:
         """The held tasks now `cancelling` (that state never goes back to running) among
         those whose attempts have not written recently (`WROTE_RECENTLY_MS`)."""
-        quiet_since_ms = self._db.clock.now_ms() - WROTE_RECENTLY_MS
+        now = self._db.clock.now_ms()
         quiet = [attempt.task_id for attempt in held
-                 if attempt.wrote_at_ms is None or attempt.wrote_at_ms <= quiet_since_ms]
+                 if not _wrote_recently(attempt.wrote_at_ms, now)]
         if not quiet:
             return set()
         from core.store.tasks import cancelling_among  # not before the first claim
@@ -119,3 +119,9 @@ class LeaseKeeper:
         attempt.renewed(started)
         if status is Status.CANCELLING:
             attempt.raise_flag(StopReason.CANCEL)
+
+
+def _wrote_recently(wrote_at_ms: int | None, now: int) -> bool:
+    """Within `WROTE_RECENTLY_MS` before `now`; a write dated after `now` (the wall
+    clock stepped back) is not counted as recent, so it cannot hold off the question."""
+    return wrote_at_ms is not None and now - WROTE_RECENTLY_MS < wrote_at_ms <= now

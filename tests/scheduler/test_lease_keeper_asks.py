@@ -88,3 +88,16 @@ def test_an_attempt_that_never_wrote_is_asked_about_at_once(
     assert cancel(hand_db, attempt.task_id, None).status_code == 202
     wait_until(lambda: attempt.stop_reason() is StopReason.CANCEL, timeout=5,
                what="the attempt told of its cancel")
+
+
+def test_a_write_dated_after_now_does_not_hold_off_the_question(
+    hand_db: Database, keeper: LeaseKeeper, model_id: str
+) -> None:
+    # The wall clock stepped back after the write: its stamp is in the future.
+    clock = hand_db.clock
+    assert isinstance(clock, HandClock)
+    [attempt] = held_attempts(hand_db, keeper, model_id, 1)
+    attempt.wrote(clock.now_ms() + 60_000)
+    assert cancel(hand_db, attempt.task_id, None).status_code == 202
+    wait_until(lambda: attempt.stop_reason() is StopReason.CANCEL, timeout=5,
+               what="the attempt told of its cancel")
