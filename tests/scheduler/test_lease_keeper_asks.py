@@ -29,8 +29,13 @@ TICK_SECONDS = 0.01
 
 
 @pytest.fixture
-def hand_db(settings: Settings) -> Iterator[Database]:
-    database = Database(create_db_engine(settings), HandClock(1_700_000_000_000))
+def clock() -> HandClock:
+    return HandClock(1_700_000_000_000)
+
+
+@pytest.fixture
+def hand_db(settings: Settings, clock: HandClock) -> Iterator[Database]:
+    database = Database(create_db_engine(settings), clock)
     yield database
     database.dispose()
 
@@ -57,10 +62,8 @@ def held_attempts(db: Database, keeper: LeaseKeeper, model: str, count: int) -> 
 
 
 def test_a_cancel_of_an_attempt_that_just_wrote_waits_for_its_write_or_the_quiet_time(
-    hand_db: Database, keeper: LeaseKeeper, model_id: str
+    hand_db: Database, clock: HandClock, keeper: LeaseKeeper, model_id: str
 ) -> None:
-    clock = hand_db.clock
-    assert isinstance(clock, HandClock)
     writing, quiet = held_attempts(hand_db, keeper, model_id, 2)
     writing.wrote(clock.now_ms())
     for attempt in (writing, quiet):
@@ -91,11 +94,9 @@ def test_an_attempt_that_never_wrote_is_asked_about_at_once(
 
 
 def test_a_write_dated_after_now_does_not_hold_off_the_question(
-    hand_db: Database, keeper: LeaseKeeper, model_id: str
+    hand_db: Database, clock: HandClock, keeper: LeaseKeeper, model_id: str
 ) -> None:
     # The wall clock stepped back after the write: its stamp is in the future.
-    clock = hand_db.clock
-    assert isinstance(clock, HandClock)
     [attempt] = held_attempts(hand_db, keeper, model_id, 1)
     attempt.wrote(clock.now_ms() + 60_000)
     assert cancel(hand_db, attempt.task_id, None).status_code == 202
