@@ -70,18 +70,18 @@ class LeaseKeeper:
         while not self._stop.wait(self._tick):
             with self._lock:
                 held = list(self._held.values())
-            cancelled = self._cancelled(held)
-            due = self._db.clock.now_ms() - self._heartbeat_ms
+            now = self._db.clock.now_ms()
+            cancelled = self._cancelled(held, now)
+            due = now - self._heartbeat_ms
             for attempt in held:
                 if attempt.task_id in cancelled:
                     attempt.raise_flag(StopReason.CANCEL)
                 elif attempt.renewed_at_ms <= due:
                     self._renew(attempt)
 
-    def _cancelled(self, held: list[Attempt]) -> set[str]:
+    def _cancelled(self, held: list[Attempt], now: int) -> set[str]:
         """The held tasks now `cancelling` (that state never goes back to running) among
-        those whose attempts have not written recently (`WROTE_RECENTLY_MS`)."""
-        now = self._db.clock.now_ms()
+        those whose attempts have not written within `WROTE_RECENTLY_MS` before `now`."""
         quiet = [attempt.task_id for attempt in held
                  if not _wrote_recently(attempt.wrote_at_ms, now)]
         if not quiet:
