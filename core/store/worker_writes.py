@@ -31,8 +31,6 @@ def _mine(task_id: str, owner: str) -> list[Any]:
     return [tasks.c.id == task_id, tasks.c.owner_token == owner]
 
 
-
-
 def fenced(conn: Connection, task_id: str, owner: str) -> Exception:
     """Why a fenced write changed nothing: a cancel to honour, or a lost lease."""
     row = conn.execute(
