@@ -61,7 +61,9 @@ IS_OUTSIDE_LINE: TextClause = text(_OUTSIDE_LINE_SQL)
 def status_sql(*states: Status) -> str:
     """The SQL term "`status` is one of `states`", the states written into the text (see
     above: a parameter there would have SQLite prepare the statement at every
-    execution); for statements written as text for the driver."""
+    execution); for statements written as text for the driver. One state is written
+    `status = '…'`, not `IN ('…')`: SQLite does not take the one for the other, so only
+    the `=` form can use a partial index whose predicate says `=` (`ix_tasks_due`)."""
     if len(states) == 1:
         return f"status = '{states[0].value}'"
     listed = ", ".join(f"'{state.value}'" for state in states)

@@ -25,7 +25,8 @@ from core.store.queue_stats import queue_stats
 from core.store.recovery import expire_leases, finalise_orphaned_cancels
 from core.store.retention import remove_expired
 from core.store.tasks import cancelling_among
-from core.tables import IS_ACTIVE, IS_LEASED, IS_QUEUED, IS_TERMINAL
+from core.tables import IS_ACTIVE, IS_LEASED, IS_QUEUED, IS_TERMINAL, status_sql
+from core.tables import tasks as tasks_table
 from tests.store.helpers import fill_line, force, new_task
 
 Statement = tuple[str, Any]
@@ -154,6 +155,18 @@ def test_the_index_predicates_name_exactly_the_state_sets_of_the_state_machine()
     assert named(IS_ACTIVE) == {s.value for s in ACTIVE}
     assert named(IS_LEASED) == {s.value for s in LEASED}
     assert named(IS_TERMINAL) == {s.value for s in TERMINAL}
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_one_state_term_reaches_the_partial_index_of_that_state(db: Database) -> None:
+    # SQLite matches a partial index's predicate term by term: `status IN ('queued')`
+    # scans the table where `status = 'queued'` uses `ix_tasks_due`.
+    columns = tasks_table.c
+    sql = (f"SELECT {columns.id.name} FROM {tasks_table.name} "
+           f"WHERE {status_sql(Status.QUEUED)} ORDER BY {columns.run_at.name}, {columns.id.name}")
+    with db.engine.connect() as conn:
+        plan = [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")]
+    assert any("ix_tasks_due" in step for step in plan), plan
 
 
 def test_the_metrics_read_never_scans_the_tasks_table(db: Database, model_id: str) -> None:
