@@ -535,10 +535,9 @@ def main() -> None:
                         stolen[name].append(steal.percent())
                         timings, log_at = decode_ms_per_token(server.log_path, log_at, level)
                         decode[name] += timings
-                        if level > args.parallel:
-                            first_decode[name].append(
-                                statistics.mean(timings[:args.parallel]) * args.tokens
-                                if len(timings) >= level else None)
+                        first_decode[name].append(
+                            statistics.mean(timings[:args.parallel]) * args.tokens
+                            if len(timings) >= level else None)
                         rates[name].append(rate)
                         firsts[name].append(ttfts)
                         if name == "taskward" and level == levels[-1]:
