@@ -1,7 +1,8 @@
 """One claimed attempt as the threads around it see it: its claim, its deadline, and
 the flags other threads raise to stop it.
 
-The runner thread owns the attempt; the lease keeper raises `cancel` or `lost`, the
+The runner (whoever follows its stream: in a worker, `scheduler.stream_thread`) owns
+the attempt; the lease keeper raises `cancel` or `lost`, the
 worker pool raises `hand_back` at shutdown, and the engine polls `should_stop`. Every
 flag also drops a wake-up into the runner's inbox, so the runner reacts at once
 instead of waiting for the engine's next chunk.

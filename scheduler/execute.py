@@ -40,7 +40,6 @@ from core.stored_request import generation_request
 from scheduler.attempt import WAKE, Attempt, Outcome, StopReason
 from scheduler.backoff import retry_delay_ms
 from scheduler.engine_threads import EngineThreads
-from scheduler.flush_group import FlushGroup
 from scheduler.group_commit import GroupCommit
 from scheduler.output import Output
 
@@ -71,15 +70,24 @@ class _Raised:
 
 
 @dataclass(frozen=True)
-class _FlushCalled:
-    """Another attempt's flush calls this one's pending text into its transaction
-    (`scheduler.flush_group`)."""
+class FlushWanted:
+    """A step's answer: write `write` (with whatever other attempts flush now), then
+    tell the follower `written`, then step it again."""
+
+    write: worker_writes.OutputWrite
+
+
+GOING = object()  # a step's answer: nothing to do until the inbox or a time wakes it
+Step = Outcome | FlushWanted | object | None
 
 
 VerifyModel = Callable[[str], tuple[str, ModelSource]]
 # Writes a completion: `Outcome.COMPLETED` once written (raising its fenced failure), or
 # None when whoever writes it settles the attempt afterwards (`written`).
 Complete = Callable[[completion.Completion], Outcome | None]
+# Follows an attempt's stream to its outcome (`follow_here`: on the calling thread), or
+# hands it to a thread that follows many (`scheduler.stream_thread`): then None.
+Follow = Callable[["Follower"], "Outcome | None"]
 
 
 def execute(
@@ -90,7 +98,7 @@ def execute(
     verify: VerifyModel | None = None,
     complete: Complete | None = None,
     engines: EngineThreads | None = None,
-    flushes: FlushGroup | None = None,
+    follow: Follow | None = None,
 ) -> Outcome | None:
     """Run `attempt` and return how it ended. Never raises for a task's own failure.
 
@@ -100,21 +108,22 @@ def execute(
     passes its group commit, which settles the attempt once written: then None. The
     engine runs on a thread of `engines`
     (default: one of its own); it normally ends with the attempt, and whoever owns
-    `engines` stops them (a hung engine included). Output is flushed through `flushes`
-    (default: a group of its own), which a worker shares between its attempts.
+    `engines` stops them (a hung engine included). The stream is followed by `follow`
+    (default: on this thread, each flush its own transaction); a worker's stream thread
+    follows all its attempts and settles them itself: then None.
     """
     verify = verify or partial(verified_model_file, db, settings.models_dir)
     complete = complete or partial(_complete_alone, GroupCommit(
         partial(completion.complete_all, db)))
     engines = engines or EngineThreads(idle_limit=0)
-    flushes = flushes or FlushGroup(db, join_ms=0)
+    chosen = follow or partial(follow_here, db)
 
-    def run(produce: Callable[[], None], stream: Callable[[], Outcome | None]) -> Outcome | None:
+    def run(produce: Callable[[], None], stream: Callable[[Follow], Outcome | None]
+            ) -> Outcome | None:
         engines.start(produce, f"engine-{attempt.task_id}")
-        return stream()
+        return stream(chosen)
 
-    return _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete,
-                                                  flushes, run))
+    return _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete, run))
 
 
 def _complete_alone(commit: GroupCommit[completion.Completion],
@@ -142,48 +151,55 @@ Watch = Callable[[Callable[[], Outcome | None]], Callable[[], bool]]
 
 def execute_here(
     db: Database, settings: Settings, attempt: Attempt, *, verify: VerifyModel,
-    complete: Complete, watch: Watch, flushes: FlushGroup,
+    complete: Complete, watch: Watch, follow: Follow,
 ) -> Outcome | None:
     """`execute` with the engine run on the calling thread, which then streams what it
-    made, unless the engine ran so long that `watch` handed the stream to a runner
-    (`scheduler.handoff`): then None, and that runner's call of the stream returns the
-    outcome (None too when `complete` settles it later). `watch(stream)` is called as
-    the engine starts; the check it returns, once the engine returned, says whether
-    this thread still has the stream.
+    made, unless the engine ran so long that `watch` handed the stream on
+    (`scheduler.handoff`) to `follow`: then None, and whoever `follow` gives it settles
+    it. `watch(stream)` is called as the engine starts; the check it returns, once the
+    engine returned, says whether this thread still has the stream.
     """
-    def run(produce: Callable[[], None], stream: Callable[[], Outcome | None]) -> Outcome | None:
-        kept = watch(lambda: _settled(db, attempt, stream))
+    def run(produce: Callable[[], None], stream: Callable[[Follow], Outcome | None]
+            ) -> Outcome | None:
+        kept = watch(lambda: _settled(db, attempt, partial(stream, follow)))
         produce()
-        return stream() if kept() else None
+        return stream(partial(follow_here, db)) if kept() else None
 
-    return _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete,
-                                                  flushes, run))
+    return _settled(db, attempt, lambda: _execute(db, settings, attempt, verify, complete, run))
 
 
 def _settled(db: Database, attempt: Attempt, step: Callable[[], Outcome | None]) -> Outcome | None:
     """`step`'s outcome, a fenced failure turned into its own; the attempt ends with it
     unless the step handed its stream to another thread or its completion to a group
     commit that settles it (None)."""
-    handed_over = False
+    outcome = settled_step(db, attempt, step)
+    assert outcome is None or isinstance(outcome, Outcome)
+    return outcome
+
+
+def settled_step(db: Database, attempt: Attempt, step: Callable[[], Step]) -> Step:
+    """`step`'s answer, a fenced failure turned into its outcome; the attempt ends with
+    an outcome (not with None, `GOING` or a `FlushWanted`: it goes on elsewhere)."""
+    going = False
     try:
-        outcome = step()
-        handed_over = outcome is None
-        return outcome
+        answer = step()
+        going = answer is None or answer is GOING or isinstance(answer, FlushWanted)
+        return answer
     except CancelRequested:
         return _finish_cancelled(db, attempt)
     except LeaseLost:
         return Outcome.LOST
     finally:
-        if not handed_over:
+        if not going:
             attempt.end()
 
 
-RunEngine = Callable[[Callable[[], None], Callable[[], Outcome | None]], Outcome | None]
+RunEngine = Callable[[Callable[[], None], Callable[[Follow], Outcome | None]], Outcome | None]
 
 
 def _execute(
     db: Database, settings: Settings, attempt: Attempt, verify: VerifyModel, complete: Complete,
-    flushes: FlushGroup, run: RunEngine,
+    run: RunEngine,
 ) -> Outcome | None:
     claim = attempt.claim
     try:
@@ -200,8 +216,11 @@ def _execute(
     if isinstance(model_file, ModelFile):  # an upstream server applies its own defaults
         request = with_model_defaults(request, model_file.metadata)
     snapshot = json.loads(claim.snapshot_json) if claim.snapshot_json else None
-    return run(partial(_produce, engine, model_file, request, snapshot, attempt),
-               partial(_stream, db, settings, attempt, complete, flushes))
+
+    def stream(follow: Follow) -> Outcome | None:
+        return follow(Follower(db, settings, attempt, complete))
+
+    return run(partial(_produce, engine, model_file, request, snapshot, attempt), stream)
 
 
 def engine_options(settings: Settings) -> EngineOptions:
@@ -236,41 +255,66 @@ def _produce(
         attempt.inbox.put(_Raised(exc))
 
 
-def _stream(
-    db: Database, settings: Settings, attempt: Attempt, complete: Complete, flushes: FlushGroup
-) -> Outcome | None:
-    """Consume the engine's inbox until an outcome; flush on time and size.
+def follow_here(db: Database, follower: Follower) -> Outcome | None:
+    """Follow one attempt's stream on this thread: sleep on its inbox, step, and write
+    each flush it wants as a transaction of its own."""
+    attempt, clock = follower.attempt, db.clock
+    while True:
+        wait_ms, room_bytes = follower.wait(clock.now_ms())
+        answer = follower.step(attempt.inbox.take(wait_ms / 1000, room_bytes=room_bytes))
+        while isinstance(answer, FlushWanted):
+            [failure] = worker_writes.append_outputs(db, [answer.write])
+            answer = follower.written(failure)
+        if answer is not GOING:
+            assert answer is None or isinstance(answer, Outcome)
+            return answer
+
+
+class Follower:
+    """What a runner does for one attempt, in steps: consume the engine's inbox until an
+    outcome, flushing on time and size. Whoever drives it (`follow_here`, or the
+    worker's stream thread for all its attempts) sleeps until the inbox or `wait`'s
+    time wakes it, calls `step` with what the inbox holds, writes the flush a step
+    wants (then `written`), and stops at an outcome.
 
     `loading -> running` is not a transaction of its own: it rides with the first
     flush, or with `complete` when generation ends before one, and at the latest one
     flush interval after the model loaded. Clients see the same events in the same
     order; a short task costs one write instead of two.
     """
-    clock = db.clock
-    output = Output(attempt.claim, interval_ms=settings.flush_interval_ms,
-                    max_bytes=settings.flush_bytes, now_ms=clock.now_ms())
-    writes = _Writes(db, attempt, output, complete, flushes, running=attempt.claim.resumed)
-    try:
-        return _follow(db, settings, attempt, output, writes)
-    finally:  # a leader must not wait for this attempt's flush
-        writes.ending()
 
+    def __init__(self, db: Database, settings: Settings, attempt: Attempt,
+                 complete: Complete) -> None:
+        self._db = db
+        self._settings = settings
+        self.attempt = attempt
+        self._output = Output(attempt.claim, interval_ms=settings.flush_interval_ms,
+                              max_bytes=settings.flush_bytes, now_ms=db.clock.now_ms())
+        self._writes = _Writes(db, attempt, self._output, complete,
+                               running=attempt.claim.resumed)
+        self._held: list[Any] = []  # taken, not yet handled: they follow a flush's write
 
-def _follow(
-    db: Database, settings: Settings, attempt: Attempt, output: Output, writes: _Writes
-) -> Outcome | None:
-    """`_stream`'s loop."""
-    clock = db.clock
-    while True:
-        now = clock.now_ms()
-        # Every flag, the engine's end, a chunk while no text is pending and a full flush
-        # wake the runner (scheduler/inbox.py); what else stops or writes comes with
-        # time: the deadline, the lease's end (the lapse is timed: `Attempt`), the
-        # pending flush or start. So a runner sleeps until then (looking once a second
-        # at most) instead of on a tick: an attempt whose upstream has queued it, or
-        # whose engine hangs, costs almost no wake-ups while it waits.
-        wait_ms = min(attempt.ms_until_timed_stop(now), writes.ms_until_due(now))
-        items = attempt.inbox.take(wait_ms / 1000, room_bytes=output.room_bytes())
+    def wait(self, now: int) -> tuple[float, int | None]:
+        """How long the driver may sleep (ms) and how many bytes of text it may sleep
+        through (`Inbox.take`). Every flag, the engine's end, a chunk while no text is
+        pending and a full flush wake it (scheduler/inbox.py); what else stops or writes
+        comes with time: the deadline, the lease's end (the lapse is timed: `Attempt`),
+        the pending flush or start. So an attempt whose upstream has queued it, or whose
+        engine hangs, costs almost no wake-ups while it waits."""
+        wait_ms = min(self.attempt.ms_until_timed_stop(now), self._writes.ms_until_due(now))
+        return wait_ms, self._output.room_bytes()
+
+    def due_by(self, at_ms: int) -> bool:
+        """Whether pending text falls due for a time-based flush by `at_ms`."""
+        due = self._output.due_at_ms()
+        return due is not None and due <= at_ms
+
+    def step(self, items: list[Any], *, flush_by_ms: int | None = None) -> Step:
+        """Handle `items` (and any held back by a flush): an outcome, None (handed over),
+        a `FlushWanted` (the items after it are held for the next step) or `GOING`.
+        `flush_by_ms`: flush text due by then now (another attempt's write goes now)."""
+        attempt, output, writes, clock = self.attempt, self._output, self._writes, self._db.clock
+        items, self._held = self._held + items, []
         for index, item in enumerate(items or (WAKE,)):
             reason = attempt.stop_reason()
             # An engine that finished on its own completes even if a flag was raised
@@ -281,41 +325,50 @@ def _follow(
                     for held in items[index:]:
                         if isinstance(held, Chunk):
                             output.add(held, clock.now_ms())
-                return _stop(db, settings, attempt, writes, reason)
+                return _stop(self._db, self._settings, attempt, writes, reason)
             if isinstance(item, _Loaded):
-                writes.loaded(item.at_ms + settings.flush_interval_ms)
+                writes.loaded(item.at_ms + self._settings.flush_interval_ms)
             elif isinstance(item, Chunk):
                 output.add(item, clock.now_ms())
                 if output.full():
-                    writes.flush()
+                    self._held = items[index + 1:]
+                    return writes.flush_wanted()
             elif isinstance(item, _Ended):
                 return writes.complete()
             elif isinstance(item, _Raised):
-                return _engine_raised(db, settings, attempt, item.error)
-            elif isinstance(item, _FlushCalled):
-                writes.flush_called()
+                return _engine_raised(self._db, self._settings, attempt, item.error)
         # Time-based flushes only once all that was taken is pending: chunks held while
         # text waited arrived before now, and belong in the flush that is due.
-        writes.when_due(clock.now_ms())
-        writes.tell_due()
+        now = clock.now_ms()
+        if output.flush_due(now) or (flush_by_ms is not None and self.due_by(flush_by_ms)):
+            return writes.flush_wanted()
+        writes.start_if_due(now)
+        return GOING
+
+    def written(self, failure: Exception | None) -> Step:
+        """The flush this follower wanted is written (`failure` None) or refused (raised:
+        a fence that did not hold, or the group's write that failed); then the next step
+        with what was held."""
+        if failure is not None:
+            raise failure
+        self._writes.flushed()
+        return self.step([])
 
 
 class _Writes:
     """The attempt's fenced writes of output, each carrying the pending start if any."""
 
     def __init__(
-        self, db: Database, attempt: Attempt, output: Output, complete: Complete,
-        flushes: FlushGroup, *, running: bool,
+        self, db: Database, attempt: Attempt, output: Output, complete: Complete, *,
+        running: bool,
     ) -> None:
         self._db = db
         self._attempt = attempt
         self._output = output
         self._complete = complete
-        self._flushes = flushes
         self._running = running
         self._start_by_ms: int | None = None
-        self._told_due_ms: int | None = None  # what `flushes` was last told
-        self._call = partial(attempt.inbox.put, _FlushCalled())
+        self._flush_started_ms = 0  # when the flush being written was taken
 
     def loaded(self, start_by_ms: int) -> None:
         if not self._running:
@@ -331,48 +384,37 @@ class _Writes:
             return None
         return max(0, self._start_by_ms - now)
 
-    def when_due(self, now: int) -> None:
-        if self._output.flush_due(now):
-            self.flush()
-        elif self._start_wait(now) == 0:
+    def start_if_due(self, now: int) -> None:
+        if self._start_wait(now) == 0:
             worker_writes.start_running(self._db, self._attempt.task_id,
                                         self._attempt.claim.owner_token)
             self._running = True
 
-    def flush(self) -> None:
+    def flush_wanted(self) -> Step:
+        """The pending text as a write for the driver to make (`GOING`: none pends)."""
         flush = self._output.take_flush()
-        if flush is not None:
-            self._told_due_ms = None  # the group forgets a flush it takes
-            started_ms = self._db.clock.now_ms()
-            # The first flush calls nobody, so that it waits for nobody either.
-            self._flushes.write(worker_writes.OutputWrite(
-                self._attempt.task_id, self._attempt.claim.owner_token, flush.events,
-                text=flush.text, snapshot_json=flush.snapshot_json, usage=flush.usage,
-                start=not self._running), call_others=not flush.first)
-            self._running = True
-            self._attempt.wrote(started_ms)
+        if flush is None:
+            return GOING
+        self._flush_started_ms = self._db.clock.now_ms()
+        return FlushWanted(worker_writes.OutputWrite(
+            self._attempt.task_id, self._attempt.claim.owner_token, flush.events,
+            text=flush.text, snapshot_json=flush.snapshot_json, usage=flush.usage,
+            start=not self._running))
 
-    def flush_called(self) -> None:
-        """Flush now if the group still waits for it (a call may come late, after the
-        flush it called for was written on this attempt's own time)."""
-        if self._flushes.called(self._attempt.task_id):
-            self.flush()
+    def flushed(self) -> None:
+        self._running = True
+        self._attempt.wrote(self._flush_started_ms)
 
-    def tell_due(self) -> None:
-        """Tell the flush group when the pending text is due, if that changed."""
-        due = self._output.due_at_ms()
-        if due != self._told_due_ms:
-            self._flushes.due(self._attempt.task_id, due, self._call)
-            self._told_due_ms = due
-
-    def ending(self) -> None:
-        """No more time-based flushes: the attempt completes, stops or has ended."""
-        if self._told_due_ms is not None:
-            self._flushes.due(self._attempt.task_id, None, self._call)
-            self._told_due_ms = None
+    def flush_now(self) -> None:
+        """Write the pending text at once, alone (a hand-back keeps what was made)."""
+        wanted = self.flush_wanted()
+        if isinstance(wanted, FlushWanted):
+            [failure] = worker_writes.append_outputs(self._db, [wanted.write])
+            if failure is not None:
+                raise failure
+            self.flushed()
 
     def complete(self) -> Outcome | None:
-        self.ending()
         events, text = self._output.take_closing()
         return self._complete(completion.Completion(
             self._attempt.task_id, self._attempt.claim.owner_token, events, self._output.usage,
@@ -383,13 +425,12 @@ def _stop(
     db: Database, settings: Settings, attempt: Attempt, writes: _Writes, reason: StopReason
 ) -> Outcome:
     claim = attempt.claim
-    writes.ending()
     if reason is StopReason.LOST:
         return Outcome.LOST
     if reason is StopReason.CANCEL:
         raise CancelRequested(claim.task_id)
     if reason is StopReason.HAND_BACK:
-        writes.flush()  # a resume task keeps all it made
+        writes.flush_now()  # a resume task keeps all it made
         worker_writes.release(db, claim.task_id, claim.owner_token)
         return Outcome.RELEASED
     return _retry(db, settings, attempt, TIMEOUT, "the attempt exceeded the execution timeout")

@@ -63,7 +63,7 @@ class GroupWriteFailed(Exception):
 Written = Callable[[BaseException | None], None]
 
 
-def _write_failed(cause: BaseException) -> GroupWriteFailed:
+def write_failed(cause: BaseException) -> GroupWriteFailed:
     """One member's failure when its group's write raised: each its own instance, as
     each may be raised on a thread of its own."""
     failed = GroupWriteFailed(f"the group write failed: {cause!r}")
@@ -160,7 +160,7 @@ class GroupCommit(Generic[T]):
             if len(failures) != len(group):
                 raise ValueError("a group write must answer for every item")
         except BaseException as exc:  # every member is settled, whatever the write raised
-            failures = [_write_failed(exc) for _ in group]
+            failures = [write_failed(exc) for _ in group]
             if not isinstance(exc, Exception):  # an interrupt goes on up, once all are settled
                 interrupted = exc
         with self._lock:

@@ -1,6 +1,7 @@
 """When an attempt needs a runner apart from its engine: only once the engine runs long.
 
-A runner watches an attempt while its engine runs (`scheduler.execute`): it flushes
+A runner (in a worker, the stream thread: `scheduler.stream_thread`) watches an
+attempt while its engine runs (`scheduler.execute`): it flushes
 text on time, acts on flags, enforces the execution timeout and writes the outcome
 even when the engine hangs. An engine that returns within a few milliseconds needs
 none of that while it runs: little is due that early (the first text's flush, which

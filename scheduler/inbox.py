@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from core.engines.base import Chunk
@@ -32,6 +33,10 @@ class Inbox:
         # At most one wake-up is put per wait; one left over from a wait that timed
         # out at the same moment only makes the next wait return early, empty-handed.
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        # Set when one thread follows many attempts (`scheduler.stream_thread`): a
+        # wake-up calls it instead (under this inbox's lock), and that thread `arm`s the
+        # inbox and `take_now`s its items rather than waiting in `take`.
+        self.notify: Callable[[], None] | None = None
 
     def put(self, item: Any) -> None:
         """Hand over `item`, waking the runner."""
@@ -72,7 +77,26 @@ class Inbox:
             items, self._items = self._items, []
         return items
 
+    def arm(self, room_bytes: int | None) -> bool:
+        """`take`'s wait without the waiting: from now, what would end it calls `notify`
+        once. False when items already wait (nothing armed: take them now)."""
+        with self._lock:
+            if self._items:
+                return False
+            self._waiting, self._room = True, room_bytes
+            return True
+
+    def take_now(self) -> list[Any]:
+        """Everything handed over so far, without waiting; disarms."""
+        with self._lock:
+            self._waiting = False
+            items, self._items = self._items, []
+        return items
+
     def _wake_runner(self) -> None:
         if self._waiting:
             self._waiting = False
-            self._wake.put(None)
+            if self.notify is not None:
+                self.notify()
+            else:
+                self._wake.put(None)

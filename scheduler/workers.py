@@ -11,11 +11,14 @@ done and its completion is handed to the group commit: the next claim then runs 
 that commit is in flight (each has its own connection and thread), instead of
 claim and completion taking turns. A claim's local attempts run in turn on one engine
 thread, each its engine and then the stream of what it made; only an engine still
-running after a few milliseconds gets a runner thread beside it (`scheduler.handoff`),
-as an upstream attempt does from the start, and the attempts not yet started by then
-get engine threads of their own. Every thread here has an owner: runner threads belong to
-the executor, engine threads to `EngineThreads` (reused across attempts), the lease
-keeper to the pool, the hand-off watcher to `Handoffs`, and `stop` ends them all.
+running after a few milliseconds has its stream handed to the stream thread
+(`scheduler.handoff`), as an upstream attempt does from the start, and the attempts
+not yet started by then get engine threads of their own. One stream thread follows
+every streaming attempt (`scheduler.stream_thread`). Every thread here has an owner:
+runner threads (which start upstream attempts and settle ended ones) belong to the
+executor, engine threads to `EngineThreads` (reused across attempts), the lease keeper
+to the pool, the hand-off watcher to `Handoffs`, the stream thread to `StreamThread`,
+and `stop` ends them all.
 """
 
 from __future__ import annotations
@@ -38,14 +41,14 @@ from core.store.database import Database
 from core.thread_names import name_pool_thread
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
-from scheduler.flush_group import FlushGroup, join_window_ms
 from scheduler.group_commit import GroupCommit, gather
 from scheduler.handoff import Handoffs
 from scheduler.heartbeat import LeaseKeeper
 
 if TYPE_CHECKING:
     from core.store import completion
-    from scheduler.execute import VerifyModel
+    from scheduler.execute import Follower, VerifyModel
+    from scheduler.stream_thread import StreamThread
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +95,9 @@ class Workers:
         self._completions: GroupCommit[completion.Completion] = GroupCommit(
             self._complete_group, running=self._may_submit, gather_seconds=_GATHER_SECONDS,
             quiet_seconds=_QUIET_SECONDS)
-        # Attempts flushing close together share a transaction.
-        self._flushes = FlushGroup(db, join_ms=join_window_ms(settings.flush_interval_ms))
+        # One thread follows every streaming attempt (started with the first: what it
+        # imports waits until a claim has taken work, as `_import_attempt_modules` does).
+        self._streams: StreamThread | None = None
         # A slot's runner (or engine thread) may still be writing a group of completions
         # (its own among them) while the slot's next attempt runs: twice the threads,
         # never more attempts than slots.
@@ -259,13 +263,30 @@ class Workers:
         self._completions.lead()  # the batch's completions, unless someone writes them
 
     def _run(self, attempt: Attempt, verify: VerifyModel) -> None:
-        """A runner's attempt, its engine on a thread of its own."""
+        """An upstream attempt: started here, its engine on a thread of its own, its
+        stream followed by the stream thread."""
         from scheduler.execute import execute
 
         self._settle(attempt, lambda: execute(self._db, self._settings, attempt, verify=verify,
                                               complete=self._submit_completion,
-                                              engines=self._engines, flushes=self._flushes),
-                     lead=True)
+                                              engines=self._engines, follow=self._follow))
+
+    def _follow(self, follower: Follower) -> None:
+        """Hand an attempt's stream to the stream thread, which settles it (`_streamed`)."""
+        with self._lock:
+            if self._streams is None:
+                from scheduler.stream_thread import StreamThread, join_window_ms
+
+                self._streams = StreamThread(
+                    self._db, join_ms=join_window_ms(self._settings.flush_interval_ms))
+                self._streams.start()
+            streams = self._streams
+        streams.follow(follower, partial(self._streamed, follower.attempt))
+
+    def _streamed(self, attempt: Attempt, outcome: Outcome | None) -> None:
+        """The stream thread is done with `attempt`; settling it may write (its
+        completion's group, the upstream reports), so a runner thread does it."""
+        self._executor.submit(self._settle, attempt, lambda: outcome, lead=True)
 
     def _run_here(self, attempt: Attempt, verify: VerifyModel) -> None:
         """An engine thread's attempt, engine and stream, unless the engine runs long
@@ -273,13 +294,12 @@ class Workers:
         from scheduler.execute import execute_here
 
         def watch(stream: Callable[[], Outcome | None]) -> Callable[[], bool]:
-            return self._handoffs.watch(
-                lambda: self._executor.submit(self._settle, attempt, stream, lead=True))
+            return self._handoffs.watch(lambda: self._settle(attempt, stream))
 
         self._settle(attempt, lambda: execute_here(self._db, self._settings, attempt,
                                                    verify=verify,
                                                    complete=self._submit_completion,
-                                                   watch=watch, flushes=self._flushes))
+                                                   watch=watch, follow=self._follow))
 
     def _settle(self, attempt: Attempt, run: Callable[[], Outcome | None], *,
                 lead: bool = False) -> None:
@@ -345,6 +365,8 @@ class Workers:
         # call is left to process exit rather than hanging the stop. No attempt is handed
         # to a runner from here on.
         self._handoffs.stop()
+        if self._streams is not None:
+            self._streams.stop(_ENGINE_JOIN_SECONDS if idle else 0)
         self._executor.shutdown(wait=idle, cancel_futures=True)
         self._keeper.stop()
         for name in self._engines.stop(_ENGINE_JOIN_SECONDS):

@@ -122,7 +122,7 @@ def append_outputs(db: Database, writes: Sequence[OutputWrite]) -> list[Exceptio
     """`append_output` of several attempts in one transaction, each fenced on its own:
     for each, None once written, or why its fence did not hold (`fenced`: nothing of it
     written, the others are). A worker's attempts whose flushes fall due together
-    share the commit, the larger part of a flush's cost (`scheduler.flush_group`)."""
+    share the commit, the larger part of a flush's cost (`scheduler.stream_thread`)."""
     failures: list[Exception | None] = []
     with db.write_events() as conn:  # a fenced write logs nothing, so wakes nobody
         now = db.clock.now_ms()

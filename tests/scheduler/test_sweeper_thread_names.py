@@ -32,5 +32,5 @@ def test_a_running_sweeper_shows_each_thread_under_its_duty(
 
     names = _kernel_names(sweeper.pid)
 
-    assert {"claimer", "lease-keeper", "maintenance", "handoff", "engine"} <= names, names
-    assert any(name.startswith("runner_") for name in names), names
+    assert {"claimer", "lease-keeper", "maintenance", "handoff", "engine", "streams"} <= names, \
+        names

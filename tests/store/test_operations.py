@@ -196,7 +196,7 @@ def test_progress_appends_events_snapshot_and_text_together(db: Database, model_
 def test_flushes_of_several_attempts_share_a_transaction_each_fenced_alone(
     db: Database, model_id: str
 ) -> None:
-    """A worker's flushes written together (`scheduler.flush_group`): a write whose fence
+    """A worker's flushes written together (`scheduler.stream_thread`): a write whose fence
     does not hold writes nothing and answers why; the others are written, the starts
     riding with them, and only the written ones are announced."""
     loaded_task = new_task(db, model_id)
