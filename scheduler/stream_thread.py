@@ -55,6 +55,9 @@ class _Followed:
     follower: Follower
     done: Done
     wake_at_ms: int = 0  # when `wait` said its time is due
+    # Done: a wake-up its inbox sent just before the step that ended it may still
+    # bring it back among the news, and must not make it followed again.
+    ended: bool = False
 
 
 class StreamThread:
@@ -107,7 +110,8 @@ class StreamThread:
                     self._asleep = False
                 if self._stopping:
                     return
-                news, self._news = self._news, []
+                news = [f for f in self._news if not f.ended]
+                self._news = []
             self._followed.update(news)
             now = clock.now_ms()
             due = dict.fromkeys(news)
@@ -162,7 +166,7 @@ class StreamThread:
         if answer is GOING or isinstance(answer, FlushWanted):
             return answer
         self._followed.discard(followed)
-        attempt.inbox.notify = None
+        followed.ended = True
         try:
             followed.done(answer if isinstance(answer, Outcome) else None)
         except Exception:
