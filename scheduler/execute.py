@@ -1,12 +1,14 @@
 """Running one claimed attempt to its outcome: decode, verify, load, generate, finish.
 
-The runner thread calling `execute` never blocks on the engine: loading and generation
+The runner following an attempt's stream (`Follower`: the calling thread, or a worker's
+stream thread for all its attempts) never blocks on the engine: loading and generation
 run on an engine thread that feeds the attempt's inbox, so flushes happen on time,
 stop flags are seen at once and the execution timeout holds even when an engine
 hangs. `execute_here` runs the engine on the calling thread first and streams after it,
-for engines that return at once; one still running after a few milliseconds gets a
-runner as `execute` gives it (`scheduler.handoff`). Every write is fenced by the store:
-`CancelRequested` ends in `cancelled`, `LeaseLost` ends the attempt without another write.
+for engines that return at once; one still running after a few milliseconds has its
+stream followed as `execute` would (`scheduler.handoff`). Every write is fenced by the
+store: `CancelRequested` ends in `cancelled`, `LeaseLost` ends the attempt without
+another write.
 """
 
 from __future__ import annotations
