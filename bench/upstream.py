@@ -3,8 +3,13 @@ one run.
 
 Run from the repository root: `.venv/bin/python -m bench.upstream` (options: `--levels
 1,4,8`, `--tokens 128`, `--rounds 2`, `--threads 2`, `--parallel 4`, `--nice 0`,
-`--idle`, `--server-cores N`, `--count-commits`, `--stages`). About 2 minutes on 2 shared
-cores.
+`--idle`, `--server-cores N`, `--count-commits`, `--stages`, `--flush-interval-ms N`).
+About 2 minutes on 2 shared cores.
+
+`--flush-interval-ms N` runs taskward with `TASKWARD_FLUSH_INTERVAL_MS=N` instead of its
+default: ~40 % of a streamed token's CPU follows the flush rate (docs/benchmarks.md,
+"Thirty-third wave"), so this shows what that CPU costs the server beside it. A stream's
+first text is still written `scheduler.output.FIRST_FLUSH_MS` after it came.
 
 `--server-cores N` gives llama-server N cores of its own (and N threads), and the bench
 and taskward the others: the server as on a machine of its own, which is where a
@@ -471,6 +476,8 @@ def main() -> None:
                              "its own, the bench and taskward to the others")
     parser.add_argument("--count-commits", action="store_true",
                         help="run taskward under `perf trace` to count its write transactions")
+    parser.add_argument("--flush-interval-ms", type=int, default=0,
+                        help="run taskward with this flush interval (0: its default)")
     parser.add_argument("--stages", action="store_true",
                         help="run taskward through bench.first_delta_probe and print where "
                         "the streams given a slot at once spent their time to the first delta")
@@ -485,7 +492,8 @@ def main() -> None:
         children = Children(root / "logs")
         clients = {name: pooled_client() for name in ("direct", "taskward")}
         try:
-            env = run_env(root, worker_concurrency=1, drain_seconds=1)
+            flush = {"flush_interval_ms": args.flush_interval_ms} if args.flush_interval_ms else {}
+            env = run_env(root, worker_concurrency=1, drain_seconds=1, **flush)
             assert run_command(env, "migrate").returncode == 0
             run_json(env, "models", "add-upstream", MODEL, "--base-url", server.base_url,
                      "--upstream-model", "smollm2", "--max-concurrency", "8")
