@@ -265,8 +265,8 @@ def follow_here(db: Database, follower: Follower) -> Outcome | None:
         wait_ms, room_bytes = follower.wait(clock.now_ms())
         answer = follower.step(attempt.inbox.take(wait_ms / 1000, room_bytes=room_bytes))
         while isinstance(answer, FlushWanted):
-            [failure] = worker_writes.append_outputs(db, [answer.write])
-            answer = follower.written(failure)
+            worker_writes.append_one(db, answer.write)
+            answer = follower.written(None)
         if answer is not GOING:
             assert answer is None or isinstance(answer, Outcome)
             return answer
@@ -411,9 +411,7 @@ class _Writes:
         """Write the pending text at once, alone (a hand-back keeps what was made)."""
         wanted = self.flush_wanted()
         if isinstance(wanted, FlushWanted):
-            [failure] = worker_writes.append_outputs(self._db, [wanted.write])
-            if failure is not None:
-                raise failure
+            worker_writes.append_one(self._db, wanted.write)
             self.flushed()
 
     def complete(self) -> Outcome | None:

@@ -112,8 +112,13 @@ def append_output(
     (`logged`): the streams of this process that already hold everything before them
     send them without reading the log.
     """
-    [failure] = append_outputs(db, [OutputWrite(task_id, owner, events, text, snapshot_json,
-                                                usage, start)])
+    append_one(db, OutputWrite(task_id, owner, events, text, snapshot_json, usage, start))
+
+
+def append_one(db: Database, write: OutputWrite) -> None:
+    """`append_output` of one prepared write, in a transaction of its own; raises its
+    fenced failure."""
+    [failure] = append_outputs(db, [write])
     if failure is not None:
         raise failure
 
