@@ -13,10 +13,11 @@ each fenced on its own. Nobody waits for anybody, and a join costs no wake-up: 4
 fewer switches per streamed token. The CPU stayed where it was, because most of it is
 the flush's transaction, not the wake-ups (docs/benchmarks.md, "Thirty-third wave").
 
-An attempt ends here (an outcome, or its completion handed to the group commit) and
-`done(outcome)` is called on this thread: it must not block. A step that raises
-anything but a fenced failure ends its attempt as lost (its lease will expire and the
-task's policy applies), as a runner's did.
+An attempt ends here (an outcome, its completion handed to the group commit, or a step
+that raised anything but a fenced failure) and `done(result)` is called on this thread:
+it must not block. `result()` answers the outcome (None: handed over) or raises what the
+step raised, so that whoever settles the attempt applies its one policy for a failure
+(`scheduler.workers`: lost, its lease will expire and the task's policy applies).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from scheduler.group_commit import write_failed
 
 log = logging.getLogger(__name__)
 
-Done = Callable[[Outcome | None], None]
+Result = Callable[[], Outcome | None]
+Done = Callable[[Result], None]
 
 
 def join_window_ms(flush_interval_ms: int) -> int:
@@ -158,18 +160,19 @@ class StreamThread:
     def _answer(self, followed: _Followed, step: Callable[[], Step]) -> Step:
         """Run one step of `followed`; at its outcome (or a hand-over) it is done."""
         attempt = followed.follower.attempt
+        result: Result
         try:
             answer = settled_step(self._db, attempt, step)
-        except Exception:  # a database outage: the lease will expire and policy applies
-            log.exception("task %s: attempt abandoned", attempt.task_id)
-            answer = Outcome.LOST
-        if answer is GOING or isinstance(answer, FlushWanted):
-            return answer
+            if answer is GOING or isinstance(answer, FlushWanted):
+                return answer
+            result = partial(_answered, answer if isinstance(answer, Outcome) else None)
+        except Exception as exc:  # settled where every attempt's failure is
+            answer, result = None, partial(_reraise, exc)
         self._followed.discard(followed)
         followed.ended = True
         try:
-            followed.done(answer if isinstance(answer, Outcome) else None)
-        except Exception:
+            followed.done(result)
+        except Exception:  # the thread goes on for the others
             log.exception("task %s: settling failed", attempt.task_id)
         return answer
 
@@ -180,3 +183,11 @@ class StreamThread:
             return worker_writes.append_outputs(self._db, writes)
         except Exception as exc:
             return [write_failed(exc) for _ in writes]
+
+
+def _answered(outcome: Outcome | None) -> Outcome | None:
+    return outcome
+
+
+def _reraise(error: Exception) -> Outcome | None:
+    raise error

@@ -283,10 +283,10 @@ class Workers:
             streams = self._streams
         streams.follow(follower, partial(self._streamed, follower.attempt))
 
-    def _streamed(self, attempt: Attempt, outcome: Outcome | None) -> None:
+    def _streamed(self, attempt: Attempt, result: Callable[[], Outcome | None]) -> None:
         """The stream thread is done with `attempt`; settling it may write (its
         completion's group, the upstream reports), so a runner thread does it."""
-        self._executor.submit(self._settle, attempt, lambda: outcome, lead=True)
+        self._executor.submit(self._settle, attempt, result, lead=True)
 
     def _run_here(self, attempt: Attempt, verify: VerifyModel) -> None:
         """An engine thread's attempt, engine and stream, unless the engine runs long
