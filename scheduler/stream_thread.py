@@ -10,14 +10,16 @@ inbox's wake-up wakes this thread, which steps whichever attempts have news or a
 due; the flushes those steps want are written in one transaction, together with those
 of the other attempts whose text falls due within the join window (`join_window_ms`),
 each fenced on its own. Nobody waits for anybody, and a join costs no wake-up: 40 %
-fewer switches per streamed token. The CPU stayed where it was, because most of it is
-the flush's transaction, not the wake-ups (docs/benchmarks.md, "Thirty-third wave").
+fewer switches per streamed token. The CPU stayed where it was: most of it is the
+flush's transaction, which costs ~3.5 times its back-to-back CPU when written after the
+thread slept an interval (docs/benchmarks.md, "Thirty-third wave"; `bench.flush_gap`).
 
 An attempt ends here (an outcome, its completion handed to the group commit, or a step
-that raised anything but a fenced failure) and `done(result)` is called on this thread:
-it must not block. `result()` answers the outcome (None: handed over) or raises what the
-step raised, so that whoever settles the attempt applies its one policy for a failure
-(`scheduler.workers`: lost, its lease will expire and the task's policy applies).
+that raised anything but a fenced failure) and `done(attempt, result)` is called on
+this thread: it must not block. `result()` answers the outcome (None: handed over) or
+raises what the step raised, so that whoever settles the attempt applies its one policy
+for a failure (`scheduler.workers`: lost, its lease will expire and the task's policy
+applies).
 """
 
 from __future__ import annotations
@@ -32,14 +34,14 @@ from typing import Any
 from core.store import worker_writes
 from core.store.database import Database
 from core.thread_names import named_thread
-from scheduler.attempt import Outcome
+from scheduler.attempt import Attempt, Outcome
 from scheduler.execute import GOING, FlushWanted, Follower, Step, settled_step
 from scheduler.group_commit import write_failed
 
 log = logging.getLogger(__name__)
 
 Result = Callable[[], Outcome | None]
-Done = Callable[[Result], None]
+Done = Callable[[Attempt, Result], None]
 
 
 def join_window_ms(flush_interval_ms: int) -> int:
@@ -55,7 +57,6 @@ def join_window_ms(flush_interval_ms: int) -> int:
 @dataclass(eq=False)
 class _Followed:
     follower: Follower
-    done: Done
     wake_at_ms: int = 0  # when `wait` said its time is due
     # Done: a wake-up its inbox sent just before the step that ended it may still
     # bring it back among the news, and must not make it followed again.
@@ -63,9 +64,10 @@ class _Followed:
 
 
 class StreamThread:
-    def __init__(self, db: Database, *, join_ms: int) -> None:
+    def __init__(self, db: Database, *, join_ms: int, done: Done) -> None:
         self._db = db
         self._join_ms = join_ms
+        self._done = done
         self._lock = threading.Lock()
         self._woken = threading.Condition(self._lock)
         self._news: list[_Followed] = []  # woken by their inbox, or new
@@ -84,9 +86,9 @@ class StreamThread:
             self._woken.notify()
         self._thread.join(timeout)
 
-    def follow(self, follower: Follower, done: Done) -> None:
-        """Follow `follower`'s attempt from now until its outcome, then `done(outcome)`."""
-        followed = _Followed(follower, done)
+    def follow(self, follower: Follower) -> None:
+        """Follow `follower`'s attempt from now until it ends, then `done` it."""
+        followed = _Followed(follower)
         follower.attempt.inbox.notify = lambda: self._wake(followed)
         self._wake(followed)
 
@@ -171,7 +173,7 @@ class StreamThread:
         self._followed.discard(followed)
         followed.ended = True
         try:
-            followed.done(result)
+            self._done(attempt, result)
         except Exception:  # the thread goes on for the others
             log.exception("task %s: settling failed", attempt.task_id)
         return answer

@@ -278,10 +278,11 @@ class Workers:
                 from scheduler.stream_thread import StreamThread, join_window_ms
 
                 self._streams = StreamThread(
-                    self._db, join_ms=join_window_ms(self._settings.flush_interval_ms))
+                    self._db, join_ms=join_window_ms(self._settings.flush_interval_ms),
+                    done=self._streamed)
                 self._streams.start()
             streams = self._streams
-        streams.follow(follower, partial(self._streamed, follower.attempt))
+        streams.follow(follower)
 
     def _streamed(self, attempt: Attempt, result: Callable[[], Outcome | None]) -> None:
         """The stream thread is done with `attempt`; settling it may write (its
