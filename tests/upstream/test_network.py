@@ -9,6 +9,8 @@ import asyncio
 import socket
 import ssl
 import subprocess
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -187,3 +189,42 @@ def test_a_cancelled_request_closes_its_connection_at_once() -> None:
             await asyncio.wait_for(closed.wait(), 1)
 
     _serve(endless, test)
+
+
+def test_a_connection_closed_while_the_loop_was_busy_is_not_handed_out_again() -> None:
+    """The server's close reaches the kernel before the loop's next turn tells the
+    protocol, and a request sent in between would meet a closed connection. A server on
+    a thread of its own answers a connection once, and closes it only once the client
+    has read the answer and keeps its loop busy (a blocking sleep); then the client
+    sends again."""
+    accepted: list[socket.socket] = []
+    answered = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        for _ in range(2):
+            connection, _ = listener.accept()
+            accepted.append(connection)
+            connection.recv(65536)  # the request, small enough for one read
+            connection.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                               + _chunked(b"done"))
+            answered.wait(5)
+            connection.close()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+
+    async def run() -> None:
+        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS)) as client:
+            assert (await _fetch(client, url))[0] == b"done"
+            answered.set()
+            time.sleep(0.2)  # the loop is busy: the close is in the kernel, not yet heard
+            assert (await _fetch(client, url))[0] == b"done"
+
+    try:
+        asyncio.run(run())
+        server.join(5)
+        assert len(accepted) == 2
+    finally:
+        listener.close()

@@ -1,6 +1,7 @@
 """End to end, on both stores: the HTTP API and the official OpenAI SDK in front of a real
-llama-server. The text equals the streamed deltas, the usage is the server's own, and a
-cancel frees the server's slot within a second."""
+llama-server. The text equals the streamed deltas, the usage is the server's own, a
+cancel frees the server's slot within a second, and tasks back to back never fail on a
+connection the server has closed."""
 
 from __future__ import annotations
 
@@ -92,3 +93,19 @@ def test_a_sweeper_logs_no_line_per_upstream_request(
     log = (Path(service.env["TASKWARD_MODELS_DIR"]).parent / "sweeper-0.log").read_text()
     assert " INFO " in log
     assert "HTTP Request:" not in log
+
+
+def test_tasks_back_to_back_each_complete_on_their_first_attempt(
+    sdk: openai.OpenAI, service: Service
+) -> None:
+    """llama-server closes every connection after its answer, while the process's client
+    keeps connections for the next request: a request must never go out on one that
+    the server has just closed (a failed attempt, the URL cooled down)."""
+    created = [sdk.responses.create(model=MODEL, input=COUNTING, background=True,
+                                    temperature=0, max_output_tokens=2) for _ in range(16)]
+    assert {settled(sdk, c.id, seconds=60).status for c in created} == {"completed"}
+    admin = {"Authorization": f"Bearer {sdk.api_key}"}
+    for response in created:
+        task = httpx.get(f"{service.base_url}/v1/tasks/{response.id}", headers=admin,
+                         timeout=10).json()
+        assert (task["attempts"], task["error"]) == (1, None)

@@ -288,8 +288,8 @@ class UpstreamLoaded:
         """One request's chunks, one per network read (a wake-up and a snapshot per
         read, not per token), made by its `_Relay` and handed to `emit`, or yielded
         here without one; until the stream ends or `should_stop`. Leaving early (either
-        way) closes the connection at once. What a read brought before an error comes
-        before the error."""
+        way) closes the connection at once; after the end it goes back to the pool. What
+        a read brought before an error comes before the error."""
         control: queue.SimpleQueue[Any] = queue.SimpleQueue()
         relay = _Relay(read, emit, control, should_stop)
         seconds = self._entry.timeout_seconds
@@ -297,6 +297,7 @@ class UpstreamLoaded:
         stream = transport.open_stream(f"{url}/chat/completions", body, headers, timeout, relay,
                                        max_connections=self._options.upstream_concurrency,
                                        watch=relay.watch)
+        ended = False  # the stream's END: the transport finishes its connection itself
         try:
             while True:
                 try:
@@ -305,7 +306,10 @@ class UpstreamLoaded:
                     if should_stop():
                         return
                     continue
-                if item is transport.END or item is _STOPPED:
+                if item is transport.END:
+                    ended = True
+                    return
+                if item is _STOPPED:
                     return
                 if isinstance(item, Chunk):
                     yield item
@@ -319,7 +323,8 @@ class UpstreamLoaded:
                     self._broken(url, item)
         finally:
             relay.close()
-            stream.cancel()
+            if not ended:
+                stream.cancel()
 
     def _refused(self, url: str, error: EngineError) -> None:
         self._router.failed(self._entry.model_id, url, error.code, cooldown_seconds=0)

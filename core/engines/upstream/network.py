@@ -15,6 +15,7 @@ request's task closes the connection at once, as before.
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 from typing import Any
 
@@ -62,6 +63,20 @@ class _Socket(asyncio.Protocol):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+def _kernel_readable(transport: asyncio.Transport) -> bool:
+    """Whether the socket holds what the loop has not handed to the protocol yet. An
+    upstream that closes a connection after its answer (llama-server closes every one)
+    has its close in the kernel well before the loop's next turn reports it, and the
+    pool may hand the connection out in between; asked here, it is not reused."""
+    sock = transport.get_extra_info("socket")
+    descriptor = -1 if sock is None else sock.fileno()
+    if descriptor < 0:
+        return True  # gone: as good as closed
+    poll = select.poll()
+    poll.register(descriptor, select.POLLIN)
+    return bool(poll.poll(0))
 
 
 def _expire(future: asyncio.Future[None], error: Exception) -> None:
@@ -138,7 +153,8 @@ class _Stream(httpcore.AsyncNetworkStream):
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable":  # httpcore's test of an idle pooled connection
-            return bool(self._socket.received) or self._socket.ended
+            return (bool(self._socket.received) or self._socket.ended
+                    or _kernel_readable(self._transport))
         if info == "ssl_object":
             return self._transport.get_extra_info("ssl_object")
         if info in ("client_addr", "server_addr"):

@@ -22,7 +22,11 @@ a second per waiting attempt, for nothing). The timer runs only while a stream i
 One pooled `httpx.AsyncClient` per process (re-created after a fork), redirects never
 followed: a redirect could send the request, and its key, to a host nobody allowed;
 cookies never kept, so nothing of one attempt's answer rides along on another's;
-bodies asked for and read uncompressed (`open_stream`).
+bodies asked for and read uncompressed (`open_stream`). A connection serves attempt
+after attempt (a hosted API's TLS handshake is paid once, not per attempt): after
+`[DONE]` the body is read to its end, which is what returns a connection to the pool;
+one the upstream closed just as it was handed out is met by sending the request again
+(`_send`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
@@ -67,6 +72,16 @@ _LINE_ENDS = (b"\n", b"\r")
 # line would otherwise grow the buffer until the process runs out of memory. A chunk
 # of a real server's stream is a few hundred bytes.
 MAX_LINE_BYTES = 1 << 20
+# After `[DONE]` the rest of the body (its last chunk, normally in the same read or
+# the next) is read for at most this long and this much, so that the connection goes
+# back to the pool; past either it is closed. END is put before, so the attempt never
+# waits for it.
+DRAIN_SECONDS = 1.0
+DRAIN_BYTES = 1 << 16
+# How a request meets a connection the upstream has just closed: it hangs up, or
+# resets, before any answer (`_send`). Not a timeout, not a refused connection.
+_UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+RESENDS = 3
 
 
 class Into(Protocol):
@@ -117,16 +132,19 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-async def _new_client(limits: httpx.Limits) -> httpx.AsyncClient:
+async def _new_client(
+    limits: httpx.Limits, ssl_context: ssl.SSLContext | None = None
+) -> httpx.AsyncClient:
     """Direct connections over asyncio's own sockets (`network`); a proxy named by the
     environment is still reached through httpx's own transport. No cookies kept: the
     client serves every attempt of every client, so a cookie one upstream answer set
     (a load balancer's, say) would ride along on the requests of all the others. Bodies
-    asked for uncompressed (`open_stream`)."""
+    asked for uncompressed (`open_stream`). `ssl_context`: for a bench that trusts its
+    own certificate; the system's otherwise."""
     no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
     return httpx.AsyncClient(follow_redirects=False, limits=limits, cookies=no_cookies,
                              headers={"Accept-Encoding": "identity"},
-                             transport=asyncio_transport(limits))
+                             transport=asyncio_transport(limits, ssl_context))
 
 
 def _shared(max_connections: int) -> _Transport:
@@ -153,7 +171,9 @@ def open_stream(
     stream is not compressed anyway. The body is read raw, without a decoder.
 
     `watch` is called on this loop every `WATCH_SECONDS` while the stream is open.
-    Cancelling the returned future closes the connection at once."""
+    Cancelling the returned future closes the connection at once: do it to leave a
+    request before its END. After END the future may still be reading the body's end
+    (`DRAIN_SECONDS`) to keep the connection; it needs nothing more from the caller."""
     transport = _shared(max_connections)
     return transport.run(_watched(transport, watch, url, body, headers, timeout, into))
 
@@ -174,9 +194,12 @@ async def _pump(
     timeout: httpx.Timeout, into: Into,
 ) -> None:
     batch: list[Any] = []
+    done = False  # `[DONE]` came and END is put: what follows only keeps the connection
     try:
-        async with client.stream("POST", url, json=body, headers=headers,
-                                 timeout=timeout) as response:
+        request = client.build_request("POST", url, json=body, headers=headers,
+                                       timeout=timeout)
+        response = await _send(client, request)
+        try:
             if response.status_code != 200:
                 into.put(Status(response.status_code, response.headers.get("retry-after")))
                 return
@@ -184,15 +207,30 @@ async def _pump(
                 into.put(Compressed())
                 return
             lines = DataLines()
-            async for data in response.aiter_raw():
-                for payload in lines.feed(data):
-                    if payload == _DONE:
-                        return
-                    batch.append(json.loads(payload))
-                if batch:
-                    into.put(batch)
-                    batch = []
+            drained = 0
+            async with asyncio.timeout(None) as deadline:
+                async for data in response.aiter_raw():
+                    if done:
+                        drained += len(data)
+                        if drained > DRAIN_BYTES:
+                            return  # not an end worth waiting for: closed unread
+                        continue
+                    for payload in lines.feed(data):
+                        if payload == _DONE:
+                            done = True
+                            break
+                        batch.append(json.loads(payload))
+                    if batch:
+                        into.put(batch)
+                        batch = []
+                    if done:
+                        into.put(END)
+                        deadline.reschedule(asyncio.get_running_loop().time() + DRAIN_SECONDS)
+        finally:
+            await response.aclose()  # to the pool if the body was read to its end
     except Exception as exc:  # the engine thread maps it to an error code
+        if done:
+            return  # the body's end did not come whole: only the connection is lost
         if batch:
             into.put(batch)
             batch = []
@@ -200,7 +238,24 @@ async def _pump(
     finally:
         if batch:
             into.put(batch)
-        into.put(END)
+        if not done:
+            into.put(END)
+
+
+async def _send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """The answer's head, its body still to read. A request the upstream hung up on
+    without answering is sent again at once, up to `RESENDS` times: an upstream closes
+    a kept-alive connection after an answer (llama-server after every one, others when
+    it has been idle a while), and the close may reach this side only after the pool
+    has handed the connection out again, to as many requests as connections were let
+    go at that moment. Each try that meets a closed connection drops it from the pool;
+    the last try's failure is the request's."""
+    for _ in range(RESENDS):
+        try:
+            return await client.send(request, stream=True)
+        except _UNANSWERED:
+            continue
+    return await client.send(request, stream=True)
 
 
 class DataLines:
