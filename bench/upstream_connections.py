@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import queue
 import ssl
 import statistics
 import subprocess
@@ -39,17 +38,10 @@ from typing import Any
 import httpx
 
 from core.engines.upstream.transport import END, _new_client, _pump
+from tests.upstream.helpers import self_signed
 
 _DELTA = (b'data: {"choices":[{"index":0,"delta":{"content":" word"},'
           b'"finish_reason":null}]}\n\n')
-
-
-def make_certificate(folder: Path) -> tuple[Path, Path]:
-    key, cert = folder / "key.pem", folder / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-    return key, cert
 
 
 async def serve(deltas: int, cert: Path | None, key: Path | None) -> None:
@@ -84,13 +76,14 @@ async def serve(deltas: int, cert: Path | None, key: Path | None) -> None:
         await server.serve_forever()
 
 
-class _FirstPayload(queue.SimpleQueue[Any]):
-    """Takes the time of the first batch of payloads."""
+class _FirstPayload:
+    """Where a stream's items go (`transport.Into`): takes the time of the first batch
+    of payloads; a failure stops the bench."""
 
     def __init__(self) -> None:
         self.first_at: float | None = None
 
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+    def put(self, item: Any) -> None:
         if isinstance(item, list) and self.first_at is None:
             self.first_at = time.perf_counter()
         elif item is not END and not isinstance(item, list):
@@ -126,7 +119,7 @@ def main() -> None:
         asyncio.run(serve(args.deltas, cert, key))
         return
     with tempfile.TemporaryDirectory() as scratch:
-        key, cert = make_certificate(Path(scratch))
+        key, cert = self_signed(Path(scratch))
         trusted = ssl.create_default_context(cafile=str(cert))
         ways = {"kept": {}, "new": {"Connection": "close"}}
         print("| scheme | connection | first payload p50 / p99 ms | CPU-ms per attempt "

@@ -1,8 +1,11 @@
-"""Set-up shared by the upstream tests: an upstream entry and tasks for it."""
+"""Set-up shared by the upstream tests: an upstream entry and tasks for it, and a
+certificate for a TLS stand-in."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from core.models_registry import register_upstream
@@ -33,3 +36,12 @@ def enqueue(
                 for _ in range(count)]
         db.announce_work(conn)
     return [row.id for row in rows if row is not None]
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A key and a certificate for 127.0.0.1, valid for a day, written into `folder`."""
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return key, cert

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from core.engines.upstream.network import asyncio_transport
+from tests.upstream.helpers import self_signed
 
 LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -110,10 +110,7 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
 
 
 def test_tls_is_checked_and_carries_the_stream(tmp_path: Path) -> None:
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    key, cert = self_signed(tmp_path)
     served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     served.load_cert_chain(cert, key)
     trusting = ssl.create_default_context(cafile=str(cert))
