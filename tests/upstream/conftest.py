@@ -53,8 +53,9 @@ def scripted() -> Iterator[Callable[..., Scripted]]:
     """Stand-in upstreams (tests/upstream/scripted.py) a test starts; stopped after it."""
     servers: list[Scripted] = []
 
-    def make(reads: list[bytes], pause: float = 0.05, headers: bytes = b"") -> Scripted:
-        servers.append(Scripted(reads, pause, headers))
+    def make(reads: list[bytes], pause: float = 0.05, headers: bytes = b"",
+             keep_alive: bool = False) -> Scripted:
+        servers.append(Scripted(reads, pause, headers, keep_alive))
         return servers[-1]
 
     yield make

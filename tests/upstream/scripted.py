@@ -19,12 +19,17 @@ USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens
 
 class Scripted:
     """A one-route HTTP/1.1 server streaming `reads` (each written, then a pause, so each
-    is one network read) as a chunked SSE body, on a loop thread of its own."""
+    is one network read) as a chunked SSE body, on a loop thread of its own. It closes
+    the connection after its answer, or with `keep_alive` answers the next request on
+    it too."""
 
-    def __init__(self, reads: list[bytes], pause: float = 0.05, headers: bytes = b"") -> None:
+    def __init__(self, reads: list[bytes], pause: float = 0.05, headers: bytes = b"",
+                 keep_alive: bool = False) -> None:
         self.reads = reads
         self.pause = pause
         self.headers = headers  # more header lines, each ending in CRLF
+        self.keep_alive = keep_alive
+        self.connections = 0  # accepted so far
         self.closed = threading.Event()
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
@@ -44,19 +49,23 @@ class Scripted:
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
-            await reader.readexactly(length)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                         b"Transfer-Encoding: chunked\r\n" + self.headers + b"\r\n")
-            for data in self.reads:
-                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Transfer-Encoding: chunked\r\n" + self.headers + b"\r\n")
+                for data in self.reads:
+                    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    await writer.drain()
+                    await asyncio.sleep(self.pause)
+                writer.write(b"0\r\n\r\n")
                 await writer.drain()
-                await asyncio.sleep(self.pause)
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
+                if not self.keep_alive:
+                    break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

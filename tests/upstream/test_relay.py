@@ -1,7 +1,7 @@
 """Each network read made into its chunk on the transport's loop thread and handed to
 `emit` (the attempt's inbox), or yielded by `generate` without one: the same chunks in
 the same order either way, what a read brought before an error first, and nothing once
-`generate` has returned."""
+`generate` has returned; an attempt that ended leaves its connection to the next."""
 
 from __future__ import annotations
 
@@ -177,3 +177,16 @@ def test_the_engine_thread_sleeps_while_the_upstream_is_silent(
     thread.start()
     thread.join(10)
     assert switches and switches[0] <= 12, f"the engine thread woke {switches} times"
+
+
+def test_an_attempt_that_ended_leaves_its_connection_to_the_next(
+    scripted: Callable[..., Scripted]
+) -> None:
+    """The body's end comes a pause after `[DONE]`; the attempt does not wait for it,
+    and does not close the connection it is still being read on."""
+    server = scripted([delta("One"), delta("", "stop"), USAGE, b"data: [DONE]\n\n"],
+                      keep_alive=True)
+    for _ in range(3):
+        emitted = generated(server, emit=True)[1]
+        assert [chunk.text for chunk, _ in emitted] == ["One", ""]
+    assert server.connections == 1
