@@ -28,15 +28,30 @@ from sqlalchemy import (
 
 from core.states import Status
 
-_QUEUED_SQL = "status = 'queued'"
-_ACTIVE_SQL = "status IN ('queued', 'loading', 'running', 'cancelling')"
-_LEASED_SQL = "status IN ('loading', 'running', 'cancelling')"
-_TERMINAL_SQL = "status IN ('completed', 'failed', 'cancelled')"
+
+def status_sql(*states: Status) -> str:
+    """The SQL term "`status` is one of `states`", the states written into the text (the
+    note above `IS_QUEUED`: a parameter there would have SQLite prepare the statement
+    at every execution); for statements written as text for the driver. One state is written
+    `status = '…'`, not `IN ('…')`: SQLite does not take the one for the other, so only
+    the `=` form can use a partial index whose predicate says `=` (`ix_tasks_due`)."""
+    if len(states) == 1:
+        return f"status = '{states[0].value}'"
+    listed = ", ".join(f"'{state.value}'" for state in states)
+    return f"status IN ({listed})"
+
+
+# The states in a fixed order, the enum's: SQLite matches a partial index's predicate by
+# its text, so every process must write each term the same (a set's order is not).
+_QUEUED_SQL = status_sql(Status.QUEUED)
+_ACTIVE_SQL = status_sql(Status.QUEUED, Status.LOADING, Status.RUNNING, Status.CANCELLING)
+_LEASED_SQL = status_sql(Status.LOADING, Status.RUNNING, Status.CANCELLING)
+_TERMINAL_SQL = status_sql(Status.COMPLETED, Status.FAILED, Status.CANCELLED)
 _DEAD_SQL = "dead_lettered = 1"
 # A queued task is either in line (it has a place, `vtime`: due, waiting its fair turn)
 # or waiting for its `run_at` (or a retry's backoff) outside the line; `core.store.line`.
-_IN_LINE_SQL = "status = 'queued' AND vtime IS NOT NULL"
-_OUTSIDE_LINE_SQL = "status = 'queued' AND vtime IS NULL"
+_IN_LINE_SQL = f"{_QUEUED_SQL} AND vtime IS NOT NULL"
+_OUTSIDE_LINE_SQL = f"{_QUEUED_SQL} AND vtime IS NULL"
 
 # The predicates of the partial indexes on `tasks`, as terms for queries on `tasks`.
 # A query can use a partial index only when its WHERE holds the index's predicate
@@ -56,18 +71,6 @@ IS_TERMINAL: TextClause = text(_TERMINAL_SQL)
 IS_DEAD_LETTER: TextClause = text(_DEAD_SQL)
 IS_IN_LINE: TextClause = text(_IN_LINE_SQL)
 IS_OUTSIDE_LINE: TextClause = text(_OUTSIDE_LINE_SQL)
-
-
-def status_sql(*states: Status) -> str:
-    """The SQL term "`status` is one of `states`", the states written into the text (see
-    above: a parameter there would have SQLite prepare the statement at every
-    execution); for statements written as text for the driver. One state is written
-    `status = '…'`, not `IN ('…')`: SQLite does not take the one for the other, so only
-    the `=` form can use a partial index whose predicate says `=` (`ix_tasks_due`)."""
-    if len(states) == 1:
-        return f"status = '{states[0].value}'"
-    listed = ", ".join(f"'{state.value}'" for state in states)
-    return f"status IN ({listed})"
 
 
 def status_in(*states: Status) -> TextClause:
