@@ -36,7 +36,7 @@ import json
 import os
 import ssl
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
@@ -207,25 +207,20 @@ async def _pump(
                 into.put(Compressed())
                 return
             lines = DataLines()
-            drained = 0
-            async with asyncio.timeout(None) as deadline:
-                async for data in response.aiter_raw():
-                    if done:
-                        drained += len(data)
-                        if drained > DRAIN_BYTES:
-                            return  # not an end worth waiting for: closed unread
-                        continue
-                    for payload in lines.feed(data):
-                        if payload == _DONE:
-                            done = True
-                            break
-                        batch.append(json.loads(payload))
-                    if batch:
-                        into.put(batch)
-                        batch = []
-                    if done:
-                        into.put(END)
-                        deadline.reschedule(asyncio.get_running_loop().time() + DRAIN_SECONDS)
+            reads = response.aiter_raw()
+            async for data in reads:
+                for payload in lines.feed(data):
+                    if payload == _DONE:
+                        done = True
+                        break
+                    batch.append(json.loads(payload))
+                if batch:
+                    into.put(batch)
+                    batch = []
+                if done:
+                    into.put(END)
+                    await _finish(reads)
+                    return
         finally:
             await response.aclose()  # to the pool if the body was read to its end
     except Exception as exc:  # the engine thread maps it to an error code
@@ -240,6 +235,19 @@ async def _pump(
             into.put(batch)
         if not done:
             into.put(END)
+
+
+async def _finish(reads: AsyncIterator[bytes]) -> None:
+    """Read what is left of a body after `[DONE]` (its last chunk, normally in the same
+    read or the next), for at most `DRAIN_SECONDS` and `DRAIN_BYTES`. A body read to its
+    end lets its connection go back to the pool; past either bound (a `TimeoutError`,
+    or a return) it is closed unread."""
+    left = DRAIN_BYTES
+    async with asyncio.timeout(DRAIN_SECONDS):
+        async for data in reads:
+            left -= len(data)
+            if left < 0:
+                return
 
 
 async def _send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
