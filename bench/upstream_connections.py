@@ -39,6 +39,7 @@ import httpx
 
 from core.engines.upstream.transport import END, _new_client, _pump
 from tests.upstream.helpers import self_signed
+from tests.upstream.scripted import read_request
 
 _DELTA = (b'data: {"choices":[{"index":0,"delta":{"content":" word"},'
           b'"finish_reason":null}]}\n\n')
@@ -54,10 +55,7 @@ async def serve(deltas: int, cert: Path | None, key: Path | None) -> None:
         print("connection", flush=True)
         try:
             while True:
-                head = (await reader.readuntil(b"\r\n\r\n")).lower()
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.startswith(b"content-length:"))
-                await reader.readexactly(length)
+                head, _ = await read_request(reader)
                 writer.write(body)
                 await writer.drain()
                 if b"connection: close" in head:

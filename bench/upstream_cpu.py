@@ -38,6 +38,7 @@ from pathlib import Path
 from bench.upstream import MODEL, group_stats, pooled_client, round_of, through_taskward
 from tests.scheduler.processes import Children, run_command, run_json
 from tests.service.running import Runs, run_env
+from tests.upstream.scripted import chunk, read_request
 
 
 def _event(payload: dict[str, object]) -> bytes:
@@ -84,25 +85,20 @@ class StandIn:
             writer.close()
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
-        tokens = int(json.loads(await reader.readexactly(length)).get("max_tokens") or 16)
+        _, body = await read_request(reader)
+        tokens = int(json.loads(body).get("max_tokens") or 16)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n")
 
-        def send(data: bytes) -> None:
-            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-
         async with self._free:
             for _ in range(tokens):
-                send(_delta(" word"))
+                writer.write(chunk(_delta(" word")))
                 await writer.drain()
                 await (self._next_tick() if self._lockstep else asyncio.sleep(self._pause))
-            send(_delta(None, "length"))
-            send(_event({"choices": [], "usage": {"prompt_tokens": 20,
-                                                  "completion_tokens": tokens}}))
-            send(b"data: [DONE]\n\n")
+            writer.write(chunk(_delta(None, "length")))
+            writer.write(chunk(_event({"choices": [], "usage": {
+                "prompt_tokens": 20, "completion_tokens": tokens}})))
+            writer.write(chunk(b"data: [DONE]\n\n"))
             writer.write(b"0\r\n\r\n")
             await writer.drain()
 

@@ -17,6 +17,21 @@ def delta(text: str, finish: str | None = None) -> bytes:
 USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}\n\n'
 
 
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 request off `reader`, for a stand-in server: its head, lowercased,
+    and its body (by its Content-Length). `asyncio.IncompleteReadError` when the
+    client closed the connection instead."""
+    head = (await reader.readuntil(b"\r\n\r\n")).lower()
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.startswith(b"content-length:")), 0)
+    return head, await reader.readexactly(length)
+
+
+def chunk(data: bytes) -> bytes:
+    """`data` as one piece of a chunked body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
 class Scripted:
     """A one-route HTTP/1.1 server streaming `reads` (each written, then a pause, so each
     is one network read) as a chunked SSE body, on a loop thread of its own. It closes
@@ -52,14 +67,11 @@ class Scripted:
         self.connections += 1
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
-                await reader.readexactly(length)
+                await read_request(reader)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                              b"Transfer-Encoding: chunked\r\n" + self.headers + b"\r\n")
                 for data in self.reads:
-                    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    writer.write(chunk(data))
                     await writer.drain()
                     await asyncio.sleep(self.pause)
                 writer.write(b"0\r\n\r\n")

@@ -18,33 +18,27 @@ import pytest
 
 from core.engines.upstream.network import asyncio_transport
 from tests.upstream.helpers import self_signed
+from tests.upstream.scripted import chunk, read_request
 
 LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-async def _request_head(reader: asyncio.StreamReader) -> None:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
-    await reader.readexactly(length)
-
-
 def _chunked(*pieces: bytes) -> bytes:
-    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+    return b"".join(chunk(piece) for piece in pieces) + b"0\r\n\r\n"
 
 
 async def _streaming(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Answers requests on one connection, each a chunked body of three pieces."""
     while True:
         try:
-            await _request_head(reader)
+            await read_request(reader)
         except asyncio.IncompleteReadError:
             writer.close()
             return
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
         for piece in (b"one ", b"two ", b"three"):
-            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            writer.write(chunk(piece))
             await writer.drain()
             await asyncio.sleep(0.01)
         writer.write(b"0\r\n\r\n")
@@ -93,7 +87,7 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
     async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal connections
         connections += 1
-        await _request_head(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                      + _chunked(b"done"))
         await writer.drain()
@@ -140,13 +134,13 @@ def test_a_refused_connection_is_httpx_connect_error() -> None:
 
 def test_a_silent_server_is_a_read_timeout_and_a_reset_is_a_transport_error() -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _request_head(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
         await asyncio.sleep(1)
         writer.close()
 
     async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _request_head(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nhalf")
         await writer.drain()
         writer.transport.abort()
@@ -170,7 +164,7 @@ def test_a_cancelled_request_closes_its_connection_at_once() -> None:
     streaming, closed = asyncio.Event(), asyncio.Event()
 
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _request_head(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nmore\r\n")
         await writer.drain()
         streaming.set()

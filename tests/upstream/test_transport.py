@@ -25,6 +25,7 @@ from core.engines.upstream.transport import (
     _new_client,
     _pump,
 )
+from tests.upstream.scripted import chunk, read_request
 
 
 def fed(*pieces: bytes) -> list[bytes]:
@@ -105,15 +106,11 @@ def heads_of_two_requests() -> list[list[bytes]]:
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             try:
-                head = await reader.readuntil(b"\r\n\r\n")
+                head, _ = await read_request(reader)
             except asyncio.IncompleteReadError:
                 writer.close()
                 return
-            lines = head.lower().split(b"\r\n")
-            length = next((int(line.split(b":")[1]) for line in lines
-                           if line.startswith(b"content-length:")), 0)
-            await reader.readexactly(length)
-            heads.append(lines)
+            heads.append(head.split(b"\r\n"))
             writer.write(b"HTTP/1.1 200 OK\r\nSet-Cookie: lb=node-1; Path=/\r\n"
                          b"Content-Length: 0\r\n\r\n")
             await writer.drain()
@@ -178,18 +175,11 @@ class _Timed(queue.SimpleQueue[Any]):
 async def _request(reader: asyncio.StreamReader, seen: Seen) -> bool:
     """Read one request; False when the client closed the connection instead."""
     try:
-        head = await reader.readuntil(b"\r\n\r\n")
+        await read_request(reader)
     except (asyncio.IncompleteReadError, ConnectionError):
         return False
-    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                  if line.startswith(b"content-length:"))
-    await reader.readexactly(length)
     seen.requests += 1
     return True
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, Seen], Awaitable[None]]
@@ -225,7 +215,7 @@ async def _answers_then_ends_late(reader: asyncio.StreamReader,
     """Every request on the connection answered; the body's end 0.2 s after [DONE]."""
     while await _request(reader, seen):
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     + _chunk(DELTA) + _chunk(DONE))
+                     + chunk(DELTA) + chunk(DONE))
         await writer.drain()
         await asyncio.sleep(0.2)
         writer.write(b"0\r\n\r\n")
@@ -245,7 +235,7 @@ async def _never_ends(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     """Answers, then sends nothing after [DONE] until the client closes."""
     if await _request(reader, seen):
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     + _chunk(DELTA) + _chunk(DONE))
+                     + chunk(DELTA) + chunk(DONE))
         await writer.drain()
         await reader.read()  # returns when the client closes
 
@@ -255,10 +245,10 @@ async def _floods_after_done(reader: asyncio.StreamReader, writer: asyncio.Strea
     """Answers, then streams more than `DRAIN_BYTES` after [DONE] without ending."""
     if await _request(reader, seen):
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     + _chunk(DELTA) + _chunk(DONE))
+                     + chunk(DELTA) + chunk(DONE))
         try:
             for _ in range(DRAIN_BYTES // 1024 + 10):
-                writer.write(_chunk(b"x" * 1024))
+                writer.write(chunk(b"x" * 1024))
                 await writer.drain()
             await reader.read()
         except ConnectionError:
@@ -283,7 +273,7 @@ async def _hangs_up_on_a_second_request(reader: asyncio.StreamReader,
     what a close that crossed the client's reuse of the connection comes to."""
     if await _request(reader, seen):
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     + _chunk(DELTA) + _chunk(DONE) + b"0\r\n\r\n")
+                     + chunk(DELTA) + chunk(DONE) + b"0\r\n\r\n")
         await writer.drain()
         await _request(reader, seen)
 
