@@ -103,15 +103,19 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
     _serve(once, test)
 
 
-def test_tls_is_checked_and_carries_the_stream(tmp_path: Path) -> None:
+def test_tls_is_checked_and_carries_the_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     key, cert = self_signed(tmp_path)
     served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     served.load_cert_chain(cert, key)
-    trusting = ssl.create_default_context(cafile=str(cert))
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
 
     async def test(url: str) -> None:
-        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS, trusting)) as client:
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the operator's private CA
+        async with httpx.AsyncClient(transport=asyncio_transport(LIMITS)) as client:
             assert (await _fetch(client, url))[0] == b"one two three"
+        monkeypatch.delenv("SSL_CERT_FILE")
         async with httpx.AsyncClient(transport=asyncio_transport(LIMITS)) as client:
             with pytest.raises(httpx.ConnectError):  # not a certificate the system trusts
                 await _fetch(client, url)

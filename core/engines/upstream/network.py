@@ -187,13 +187,13 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         await asyncio.sleep(seconds)
 
 
-def asyncio_transport(
-    limits: httpx.Limits, ssl_context: ssl.SSLContext | None = None
-) -> httpx.AsyncHTTPTransport:
+def asyncio_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
     """httpx's transport over `AsyncioBackend`: the same pool, limits and certificate
-    checks as `httpx.AsyncHTTPTransport(limits=limits)` (`ssl_context` for tests that
-    trust their own certificate)."""
-    context = ssl_context or httpx.create_ssl_context()  # made once: ~30 ms of CPU
+    checks as `httpx.AsyncHTTPTransport(limits=limits)`. The certificates trusted are
+    httpx's: the CA file `SSL_CERT_FILE` or folder `SSL_CERT_DIR` names when set (an
+    upstream behind a private CA, docs/upstream.md), certifi's public bundle otherwise;
+    read here, once per process."""
+    context = httpx.create_ssl_context()  # made once: ~30 ms of CPU
     transport = httpx.AsyncHTTPTransport(verify=context, limits=limits)
     # httpx builds its pool without a way to name the backend; this is that pool with it.
     # An httpx that keeps its pool elsewhere would silently ignore ours: refuse it.

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import ssl
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
@@ -132,19 +131,16 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-async def _new_client(
-    limits: httpx.Limits, ssl_context: ssl.SSLContext | None = None
-) -> httpx.AsyncClient:
+async def _new_client(limits: httpx.Limits) -> httpx.AsyncClient:
     """Direct connections over asyncio's own sockets (`network`); a proxy named by the
     environment is still reached through httpx's own transport. No cookies kept: the
     client serves every attempt of every client, so a cookie one upstream answer set
     (a load balancer's, say) would ride along on the requests of all the others. Bodies
-    asked for uncompressed (`open_stream`). `ssl_context`: for a bench that trusts its
-    own certificate; the system's otherwise."""
+    asked for uncompressed (`open_stream`)."""
     no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
     return httpx.AsyncClient(follow_redirects=False, limits=limits, cookies=no_cookies,
                              headers={"Accept-Encoding": "identity"},
-                             transport=asyncio_transport(limits, ssl_context))
+                             transport=asyncio_transport(limits))
 
 
 def _shared(max_connections: int) -> _Transport:
