@@ -3,6 +3,7 @@ and a `taskward` service whose model `smol` is an upstream entry pointing at the
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -54,8 +55,8 @@ def scripted() -> Iterator[Callable[..., Scripted]]:
     servers: list[Scripted] = []
 
     def make(reads: list[bytes], pause: float = 0.05, headers: bytes = b"",
-             keep_alive: bool = False) -> Scripted:
-        servers.append(Scripted(reads, pause, headers, keep_alive))
+             keep_alive: bool = False, tls: ssl.SSLContext | None = None) -> Scripted:
+        servers.append(Scripted(reads, pause, headers, keep_alive, tls))
         return servers[-1]
 
     yield make

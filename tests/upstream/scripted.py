@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 
 
@@ -36,10 +37,10 @@ class Scripted:
     """A one-route HTTP/1.1 server streaming `reads` (each written, then a pause, so each
     is one network read) as a chunked SSE body, on a loop thread of its own. It closes
     the connection after its answer, or with `keep_alive` answers the next request on
-    it too."""
+    it too; over TLS with `tls` (the server's context)."""
 
     def __init__(self, reads: list[bytes], pause: float = 0.05, headers: bytes = b"",
-                 keep_alive: bool = False) -> None:
+                 keep_alive: bool = False, tls: ssl.SSLContext | None = None) -> None:
         self.reads = reads
         self.pause = pause
         self.headers = headers  # more header lines, each ending in CRLF
@@ -51,7 +52,7 @@ class Scripted:
         self.port = 0
 
         async def serve() -> None:
-            server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+            server = await asyncio.start_server(self._answer, "127.0.0.1", 0, ssl=tls)
             self.port = server.sockets[0].getsockname()[1]
             started.set()
             async with server:
@@ -61,7 +62,7 @@ class Scripted:
         self._thread.start()
         self._serving = asyncio.run_coroutine_threadsafe(serve(), self._loop)
         started.wait(5)
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.base_url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/v1"
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

@@ -4,9 +4,14 @@ a broken upstream streams cannot wedge an attempt."""
 
 from __future__ import annotations
 
+import asyncio
+import ssl
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from core.settings import Settings
 from core.states import Status
@@ -15,7 +20,7 @@ from core.store.tasks import get_response
 from tests.scheduler.helpers import event_data, output_text, run_pass, streamed_text
 from tests.scheduler.processes import free_port
 from tests.store.helpers import task_row
-from tests.upstream.helpers import add_upstream, enqueue
+from tests.upstream.helpers import add_upstream, enqueue, self_signed
 from tests.upstream.llama import LlamaServer
 from tests.upstream.scripted import USAGE, Scripted, delta
 
@@ -45,6 +50,74 @@ def test_a_server_that_is_down_is_retried_then_dead_lettered(
     retries = [e["error"]["code"] for e in event_data(db, task_id, "response.queued")]
     assert retries == ["upstream_unavailable"] * 2  # the third failure dead-letters it
     assert all(closed in e["error"]["message"] for e in event_data(db, task_id, "response.queued"))
+
+
+def retry_messages(db: Database, settings: Settings, base_url: str, **options: Any) -> list[str]:
+    """The error messages of a two-attempt task against `base_url`, which must fail both."""
+    add_upstream(db, [base_url], **options)
+    [task_id] = enqueue(db, max_attempts=2, max_output_tokens=4)
+    run_until_finished(db, settings, task_id)
+    row = task_row(db, task_id)
+    assert (row.status, row.attempts, row.error_code) == (Status.FAILED, 2,
+                                                          "max_attempts_exceeded")
+    return [e["error"]["message"] for e in event_data(db, task_id, "response.queued")]
+
+
+def test_a_certificate_this_process_does_not_trust_is_named(
+    db: Database, quick: Settings, scripted: Callable[..., Scripted], tmp_path: Path
+) -> None:
+    """A TLS upstream behind a private CA that `SSL_CERT_FILE` does not name: the
+    operator reads a certificate problem, not "connection failed"."""
+    key, cert = self_signed(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    server = scripted([delta("never read"), USAGE, b"data: [DONE]\n\n"], tls=tls)
+
+    messages = retry_messages(db, quick, server.base_url)
+
+    assert messages == [f"upstream {server.base_url}: TLS certificate not trusted "
+                        "(SSL_CERT_FILE names the CAs to trust)"]
+    assert server.connections == 0  # no handshake completed
+
+
+def test_https_to_a_server_that_waits_for_plain_http_is_a_handshake_timeout(
+    db: Database, quick: Settings, llama: LlamaServer
+) -> None:
+    """A common slip, `https://` in the entry for a plain-HTTP server: llama-server
+    waits for a request head and never answers the TLS hello."""
+    mistyped = llama.base_url.replace("http://", "https://")
+
+    messages = retry_messages(db, quick, mistyped, timeout_seconds=0.5)
+
+    assert messages == [f"upstream {mistyped}: TLS handshake timed out"]
+
+
+def test_https_to_a_server_that_answers_plain_http_is_a_failed_handshake(
+    db: Database, quick: Settings
+) -> None:
+    """The same slip with a server that answers the TLS hello with a plain-HTTP 400, as
+    uvicorn (vLLM's) does: a stand-in server that answers so to any bytes."""
+    async def bad_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(bad_request, "127.0.0.1", 0))
+    serving = threading.Thread(target=loop.run_forever, daemon=True)
+    serving.start()
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    try:
+        messages = retry_messages(db, quick, url)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        serving.join(5)
+        server.close()
+        loop.run_until_complete(server.wait_closed())
+        loop.close()
+
+    assert messages == [f"upstream {url}: TLS handshake failed"]
 
 
 def test_a_prompt_longer_than_the_context_fails_at_once(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import queue
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from core.engines.base import (
 )
 from core.engines.upstream import protocol, transport
 from core.engines.upstream.hosts import UrlRefused, check_allowed
+from core.engines.upstream.network import TlsHandshakeTimedOut
 from core.engines.upstream.routing import ROUTER, Router
 
 NAME = "openai"
@@ -343,9 +345,30 @@ class UpstreamLoaded:
 
 
 def _describe(error: httpx.TransportError) -> str:
+    """What failed, for the message. A connection that failed in its TLS handshake is
+    told apart from a server that is down, so the operator sees a certificate this
+    process does not trust (a private CA: `SSL_CERT_FILE`, docs/upstream.md) or an
+    `https://` URL of a plain-HTTP server; the SSL error's own text is not repeated."""
     if isinstance(error, httpx.ConnectError):
+        causes = _causes(error)
+        if any(isinstance(cause, ssl.SSLCertVerificationError) for cause in causes):
+            return "TLS certificate not trusted (SSL_CERT_FILE names the CAs to trust)"
+        if any(isinstance(cause, ssl.SSLError) for cause in causes):
+            return "TLS handshake failed"
         return "connection failed"
     if isinstance(error, httpx.TimeoutException):
+        if any(isinstance(cause, TlsHandshakeTimedOut) for cause in _causes(error)):
+            return "TLS handshake timed out"
         return "timed out"
     return "connection broken"
 
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """`error` and what it was raised from, down the chain (httpx's error is raised from
+    httpcore's, which `network` raises from the socket's or the SSL layer's)."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = error
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return chain

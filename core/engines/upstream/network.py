@@ -142,9 +142,9 @@ class _Stream(httpcore.AsyncNetworkStream):
             transport = await loop.start_tls(
                 self._transport, self._socket, ssl_context, server_hostname=server_hostname,
                 ssl_handshake_timeout=timeout or _TLS_HANDSHAKE_SECONDS)
-        except TimeoutError:
+        except (TimeoutError, ConnectionAbortedError):  # asyncio's and uvloop's timeout
             self._transport.close()
-            raise httpcore.ConnectTimeout("TLS handshake timed out") from None
+            raise TlsHandshakeTimedOut("TLS handshake timed out") from None
         except (OSError, ssl.SSLError) as exc:
             self._transport.close()
             raise httpcore.ConnectError(str(exc)) from exc
@@ -163,6 +163,13 @@ class _Stream(httpcore.AsyncNetworkStream):
         if info == "socket":
             return self._transport.get_extra_info("socket")
         return None
+
+
+class TlsHandshakeTimedOut(httpcore.ConnectTimeout):
+    """The server took the connection but did not finish a TLS handshake in time. Most
+    often it speaks plain HTTP at an `https://` URL and waits for a request head that
+    never comes (llama-server does). asyncio and uvloop end their own handshake
+    timeout with a `ConnectionAbortedError`, which would read as "connection failed"."""
 
 
 class AsyncioBackend(httpcore.AsyncNetworkBackend):
