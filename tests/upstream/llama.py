@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 from dataclasses import dataclass, field
 from functools import cache
@@ -43,11 +44,16 @@ class LlamaServer:
     ctx_size: int = 2048  # split among the slots
     threads: int = 1
     port: int = 0
+    tls: tuple[Path, Path] | None = None  # (certificate, key): served over HTTPS
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
+    def origin(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.origin}/v1"
 
     @property
     def log_path(self) -> Path:
@@ -57,13 +63,15 @@ class LlamaServer:
     def start(self) -> LlamaServer:
         self.port = self.port or free_port()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            [llama_server_binary(), "-m", str(default_model_source()), "--host", "127.0.0.1",
-             "--port", str(self.port), "--ctx-size", str(self.ctx_size),
-             "--parallel", str(self.parallel), "--threads", str(self.threads),
-             "--threads-batch", str(self.threads), "--no-webui"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        tls = ["--ssl-cert-file", str(self.tls[0]), "--ssl-key-file", str(self.tls[1])
+               ] if self.tls else []
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [llama_server_binary(), "-m", str(default_model_source()), "--host",
+                 "127.0.0.1", "--port", str(self.port), "--ctx-size", str(self.ctx_size),
+                 "--parallel", str(self.parallel), "--threads", str(self.threads),
+                 "--threads-batch", str(self.threads), "--no-webui", *tls],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_until(self._healthy, timeout=120, what=f"llama-server on port {self.port}")
         return self
 
@@ -72,13 +80,22 @@ class LlamaServer:
         if self.process.poll() is not None:
             raise AssertionError(f"llama-server exited ({self.process.returncode})")
         try:
-            return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200
+            return self.get("/health", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
+    def get(self, path: str, timeout: float) -> httpx.Response:
+        """GET `path` of the server, trusting its own certificate when it has one."""
+        return httpx.get(self.origin + path, timeout=timeout, verify=self.verify)
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """What a direct client of this server trusts: its certificate when it has one."""
+        return ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else True
+
     def busy_slots(self) -> int:
         """Slots generating now, as the server itself reports them (`/slots`)."""
-        answer = httpx.get(f"http://127.0.0.1:{self.port}/slots", timeout=5)
+        answer = self.get("/slots", timeout=5)
         answer.raise_for_status()
         return sum(1 for slot in answer.json() if slot.get("is_processing"))
 
