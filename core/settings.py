@@ -88,6 +88,9 @@ class Settings:
     # 0 turns one off (only for measuring what it costs: bench/http.py).
     http_idle_timeout_seconds: Annotated[float, Meta(ge=0, le=3600)] = 30.0
     http_body_timeout_seconds: Annotated[float, Meta(ge=0, le=3600)] = 30.0
+    # How long a request waits for one store call before its 503 (handlers/threads.py):
+    # a store that stops answering must not hold every request for minutes.
+    store_wait_seconds: Annotated[float, Meta(gt=0, le=3600)] = 30.0
     console_session_hours: Annotated[float, Meta(gt=0, le=720)] = 8.0  # an operator console login
     # Per-client defaults (`core.quotas`): a client's own value, when set, wins.
     client_max_active_tasks: Annotated[int, Meta(ge=0)] = 0  # 0 = unlimited

@@ -44,6 +44,7 @@ from handlers.live import LiveTail
 from handlers.params import unknown_ids_are_not_found
 from handlers.services import ProcessServices
 from handlers.slow_clients import bounded_body_reads
+from handlers.threads import bound_waits
 from handlers.tokens import TokenCache
 
 LifespanHook = Callable[..., Any]
@@ -80,6 +81,7 @@ def create_app(
         """
         gc.freeze()
 
+    bound_waits(settings.store_wait_seconds)
     tokens = TokenCache(db, recheck_seconds=settings.poll_interval_ms / 1000)
     arrivals = Arrivals()
     enqueuer = Enqueuer(db, idempotency_ttl_ms=int(settings.idempotency_ttl_hours * 3_600_000),

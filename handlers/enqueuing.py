@@ -25,12 +25,24 @@ arriving then does not wait for that lock.
 Before it takes a batch, a drain loop waits (briefly, `handlers.arrivals`) for the
 request bodies this process was reading when it looked: they are the rest of the wave
 the batch would otherwise leave for the next commit.
+
+A request waits for its answer at most the process's store bound
+(`handlers.threads.wait_seconds`), then hears `StoreTimeout` (503). One timer
+(`_time_out`) keeps that bound for all of them, so it costs a request nothing but its
+entry in `_waiting`. A request still queued then leaves the queue: it is never
+written. One already in a batch may yet be committed when the store answers (a 503
+tells the client to try again; its `Idempotency-Key` makes that safe). The drain loops
+themselves wait on their store calls without a bound: a batch's answers are theirs to
+give, however late.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from core.idempotency import IdempotencyClaim
 from core.store.births import NewTask
@@ -38,7 +50,7 @@ from core.store.database import Database
 from core.store.new_tasks import Enqueued, births_alone, enqueue, enqueue_many, enqueue_many_async
 from core.store.pg_async import AutocommitConnections
 from handlers.arrivals import Arrivals
-from handlers.threads import writing
+from handlers.threads import StoreTimeout, wait_seconds, writer_pool
 
 MAX_BATCH = 128
 PARALLEL_BATCHES = 4
@@ -47,6 +59,7 @@ STALLED_SECONDS = 0.02  # a commit of births is a round trip and an fsync: milli
 _Answer = asyncio.Future[Enqueued]
 _Pending = tuple[NewTask, IdempotencyClaim | None, _Answer]
 _Outcome = tuple[_Answer, Enqueued | Exception]
+_T = TypeVar("_T")
 
 
 class Enqueuer:
@@ -61,6 +74,10 @@ class Enqueuer:
         self._drainers: list[asyncio.Task[None]] = []  # held: the loop keeps tasks weakly
         self._out_since: dict[asyncio.Task[None], float] = {}  # each batch in flight
         self._recheck: asyncio.TimerHandle | None = None
+        # Each unanswered request: when it came (loop time). Dicts keep their order,
+        # so the oldest is first (`_time_out`).
+        self._waiting: dict[_Answer, float] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
         self._connections = AutocommitConnections(db) if db.data_modifying_ctes else None
 
     async def close(self) -> None:
@@ -69,12 +86,43 @@ class Enqueuer:
             await self._connections.close()
 
     async def enqueue(self, new: NewTask, claim: IdempotencyClaim | None) -> Enqueued:
-        """What `core.store.new_tasks.enqueue` answers, once the task is committed."""
-        answer: asyncio.Future[Enqueued] = asyncio.get_running_loop().create_future()
+        """What `core.store.new_tasks.enqueue` answers, once the task is committed;
+        `StoreTimeout` once the store's bound has passed without an answer."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Enqueued] = loop.create_future()
         with self._taking:
             self._pending.append((new, claim, answer))
+        self._waiting[answer] = loop.time()
+        if self._watchdog is None:
+            self._watchdog = loop.call_later(wait_seconds(), self._time_out)
         self._start_drainer()
-        return await answer
+        try:
+            return await answer
+        finally:
+            self._waiting.pop(answer, None)
+
+    def _time_out(self) -> None:
+        """Answer `StoreTimeout` to the requests that have waited the bound, take those
+        still queued out of the queue, and look again when the next one would be due."""
+        self._watchdog = None
+        loop = asyncio.get_running_loop()
+        seconds = wait_seconds()
+        late = loop.time() - seconds
+        expired = set()
+        for answer, since in self._waiting.items():
+            if since > late:
+                break
+            expired.add(answer)
+        if expired:
+            with self._taking:
+                self._pending = [p for p in self._pending if p[2] not in expired]
+            for answer in expired:
+                del self._waiting[answer]
+                if not answer.done():
+                    answer.set_exception(StoreTimeout(seconds))
+        if self._waiting:
+            oldest = next(iter(self._waiting.values()))
+            self._watchdog = loop.call_at(oldest + seconds, self._time_out)
 
     def _start_drainer(self) -> None:
         """Start a drain loop if none runs, or if every batch in flight has stalled;
@@ -122,7 +170,7 @@ class Enqueuer:
         if batch is not None and births_alone(self._db, [(n, c) for n, c, _ in batch]):
             outcomes = await self._commit_on_loop(batch)
         else:
-            outcomes = await writing(self._db, self._commit_next, batch)
+            outcomes = await self._on_writer(self._commit_next, batch)
         for answer, outcome in outcomes:
             if answer.done():  # the client went away
                 continue
@@ -130,6 +178,11 @@ class Enqueuer:
                 answer.set_exception(outcome)
             else:
                 answer.set_result(outcome)
+
+    async def _on_writer(self, function: Callable[..., _T], *args: Any) -> _T:
+        """`function(*args)` on the store's writer threads, waited for without a bound."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(writer_pool(self._db), functools.partial(function, *args))
 
     def _take(self) -> list[_Pending]:
         with self._taking:
@@ -157,7 +210,7 @@ class Enqueuer:
         done = await enqueue_many_async(self._db, self._connections, requests,
                                         idempotency_ttl_ms=self._ttl_ms)
         outcomes: list[Enqueued | Exception] = (
-            await writing(self._db, self._commit, requests, done)
+            await self._on_writer(self._commit, requests, done)
             if None in done else done)  # type: ignore[assignment]  # no None in it
         return [(answer, outcome) for (_, _, answer), outcome in zip(batch, outcomes)]
 

@@ -32,7 +32,7 @@ from handlers.answers import page
 from handlers.auth import requires
 from handlers.params import model_id_of
 from handlers.services import Services
-from handlers.threads import blocking
+from handlers.threads import blocking, lengthy
 
 _NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
 
@@ -83,7 +83,7 @@ async def model_show(model_id: FromPath[str], services: Services) -> dict[str, A
 @post("/v1/models", opt=requires("models:admin"), status_code=201, tags=["models"])
 async def model_register(data: JSONBody[ModelBody], services: Services) -> dict[str, Any]:
     """Register a file under the models directory; the service computes its SHA-256."""
-    row = await blocking(_register, services.db, services.settings, data)
+    row = await lengthy(_register, services.db, services.settings, data)  # hashes the file
     return model_object(row)
 
 

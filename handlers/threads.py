@@ -9,6 +9,15 @@ threads only fight over the GIL (measured: 8 beat 16). Hot writes (`writing`) to
 store that admits one writer at a time (`Database.single_writer`: SQLite) get ONE
 thread per process: a write waiting for its turn then occupies that thread, not one
 the reads need.
+
+A request waits for the store at most `TASKWARD_STORE_WAIT_SECONDS` (`bound_waits`):
+a PostgreSQL that stops answering without closing its connections (a stalled server,
+a network cut that drops packets) would otherwise hold the request, then every store
+thread, then every request, for as long as the TCP connection lives (minutes).
+Past the bound the request is answered `503 store_unavailable` (`StoreTimeout`); a
+call not yet started is cancelled, and one under way is left to finish or fail on
+its own thread, so a write it was making may still be applied once the store answers
+(docs/operations.md: retry with the same `Idempotency-Key`).
 """
 
 from __future__ import annotations
@@ -31,8 +40,35 @@ _SINGLE_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskward-
                                     initializer=name_pool_thread)
 
 
+_wait_seconds = 30.0  # the process's bound (`bound_waits`), the setting's default
+
+
+class StoreTimeout(Exception):
+    """The store did not answer a request's call within the process's bound."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the store did not answer within {seconds:g} s")
+
+
+def bound_waits(seconds: float) -> None:
+    """How long a request waits for one store call (`TASKWARD_STORE_WAIT_SECONDS`)."""
+    global _wait_seconds
+    _wait_seconds = seconds
+
+
+def wait_seconds() -> float:
+    return _wait_seconds
+
+
 async def blocking(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """`function(*args, **kwargs)` on the store thread pool; its result or its exception."""
+    """`function(*args, **kwargs)` on the store thread pool; its result or its exception,
+    or `StoreTimeout` past the process's bound."""
+    return await _bounded(_POOL, functools.partial(function, *args, **kwargs))
+
+
+async def lengthy(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Like `blocking`, without the bound: for a call whose own work may outlast it
+    (hashing a model file of many gigabytes before its one short write)."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_POOL, functools.partial(function, *args, **kwargs))
 
@@ -41,6 +77,18 @@ async def writing(
     db: Database, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs
 ) -> T:
     """Like `blocking`, for a call that is one short write transaction on `db`."""
-    pool = _SINGLE_WRITER if db.single_writer else _POOL
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(pool, functools.partial(function, *args, **kwargs))
+    return await _bounded(writer_pool(db), functools.partial(function, *args, **kwargs))
+
+
+def writer_pool(db: Database) -> ThreadPoolExecutor:
+    """The threads `db`'s short write transactions run on."""
+    return _SINGLE_WRITER if db.single_writer else _POOL
+
+
+async def _bounded(pool: ThreadPoolExecutor, call: Callable[[], T]) -> T:
+    seconds = _wait_seconds
+    try:
+        async with asyncio.timeout(seconds):
+            return await asyncio.get_running_loop().run_in_executor(pool, call)
+    except TimeoutError:
+        raise StoreTimeout(seconds) from None

@@ -1,0 +1,151 @@
+"""A store that stops answering without closing its connections (a stalled PostgreSQL,
+a network cut that drops packets; here a private cluster whose processes are stopped
+with SIGSTOP): `taskward serve` answers `503 store_unavailable` within the store bound
+instead of holding every request, drops the creations it never got to write, and
+serves again once the store answers, without a restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+import tests.engines  # noqa: F401  registers the deterministic engine in this process
+from core.clock import Clock
+from core.settings import Settings
+from core.store.connect import create_db_engine
+from core.store.database import Database
+from core.tables import tasks
+from handlers.enqueuing import PARALLEL_BATCHES
+from infra.migrate import upgrade
+from tests.api.helpers import register_test_model
+from tests.api.served import Service, process, service_env, wait_ready
+from tests.pg_cluster import PgCluster, private_cluster
+from tests.scheduler.processes import free_port, wait_until
+
+WAIT_SECONDS = 1.0  # TASKWARD_STORE_WAIT_SECONDS of the served process
+SLACK_SECONDS = 3.0  # a loaded machine's scheduling on top of the bound
+
+
+@pytest.fixture
+def cluster() -> Iterator[PgCluster]:
+    with private_cluster() as started:
+        engine = create_db_engine(Settings(database_url=started.url))
+        upgrade(engine)
+        engine.dispose()
+        yield started
+
+
+@pytest.fixture
+def store(cluster: PgCluster, tmp_path: Path) -> Iterator[Database]:
+    """The cluster's store, with the deterministic test engine's model `words`."""
+    db = Database(create_db_engine(Settings(database_url=cluster.url)), Clock())
+    register_test_model(db, tmp_path / "models")
+    yield db
+    db.dispose()
+
+
+@pytest.fixture
+def service(cluster: PgCluster, store: Database, tmp_path: Path) -> Iterator[Service]:
+    # The token cache re-reads the revocations at most every poll interval: at its
+    # longest, the requests of a stalled second are authenticated from it and reach
+    # the store calls behind it.
+    env = {**service_env(cluster.url, tmp_path / "models"),
+           "TASKWARD_STORE_WAIT_SECONDS": str(WAIT_SECONDS),
+           "TASKWARD_POLL_INTERVAL_MS": "10000"}
+    port = free_port()
+    with process(["serve", "--port", str(port)], env, tmp_path / "serve.log") as server:
+        wait_ready(f"http://127.0.0.1:{port}", server, tmp_path / "serve.log")
+        yield Service(f"http://127.0.0.1:{port}", env)
+
+
+@contextmanager
+def stalled(cluster: PgCluster) -> Iterator[None]:
+    """Every process of the cluster stopped: connections stay open, nothing answers."""
+    postmaster = int((cluster.directory / "data" / "postmaster.pid").read_text().split()[0])
+    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True,
+                              text=True, check=False).stdout.split()
+    pids = [postmaster, *map(int, children)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+def create(service: Service, token: str) -> httpx.Response:
+    return httpx.post(f"{service.base_url}/v1/responses", timeout=30,
+                      headers={"Authorization": f"Bearer {token}"},
+                      json={"model": "words", "input": "one two"})
+
+
+def task_count(db: Database) -> int:
+    with db.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(tasks)).scalar_one())
+
+
+def test_a_store_that_stops_answering_gets_503_within_the_bound(
+    cluster: PgCluster, service: Service
+) -> None:
+    token = str(service.cli_json("pair", "--admin", "--token")["token"])  # type: ignore[index]
+    headers = {"Authorization": f"Bearer {token}"}
+    assert create(service, token).status_code == 202
+
+    with stalled(cluster):
+        for method, path in (("GET", "/readyz"), ("GET", "/v1/tasks"),
+                             ("POST", "/v1/responses")):
+            started = time.monotonic()
+            answer = httpx.request(method, service.base_url + path, headers=headers,
+                                   json={"model": "words", "input": "one two"}
+                                   if method == "POST" else None, timeout=30)
+            took = time.monotonic() - started
+            assert answer.status_code == 503, (path, answer.text)
+            assert answer.json()["code"] == "store_unavailable"
+            assert answer.headers["retry-after"] == "1"
+            assert WAIT_SECONDS * 0.9 <= took <= WAIT_SECONDS + SLACK_SECONDS, (path, took)
+        assert httpx.get(f"{service.base_url}/healthz", timeout=5).status_code == 200
+
+    wait_until(lambda: httpx.get(f"{service.base_url}/readyz", timeout=5).status_code == 200,
+               timeout=30, what="readiness once the store answers again")
+    assert httpx.get(f"{service.base_url}/v1/tasks", headers=headers,
+                     timeout=10).status_code == 200
+
+
+def test_a_creation_still_queued_at_the_bound_is_never_written(
+    cluster: PgCluster, store: Database, service: Service
+) -> None:
+    """Sent 50 ms apart while the store is stalled, the first `PARALLEL_BATCHES`
+    creations each take a batch of their own, whose commit hangs (and may land once the
+    store is back: they were on their way); the rest wait in the queue, and leave it
+    with their 503: they are never written."""
+    token = str(service.cli_json("pair", "--admin", "--token")["token"])  # type: ignore[index]
+    assert create(service, token).status_code == 202
+    sent = PARALLEL_BATCHES + 3
+    answers: list[httpx.Response] = []
+
+    with stalled(cluster):
+        posts = []
+        for _ in range(sent):
+            post = threading.Thread(target=lambda: answers.append(create(service, token)))
+            post.start()
+            posts.append(post)
+            time.sleep(0.05)
+        for post in posts:
+            post.join(30)
+
+    assert [a.status_code for a in answers] == [503] * sent
+    wait_until(lambda: httpx.get(f"{service.base_url}/readyz", timeout=5).status_code == 200,
+               timeout=30, what="readiness once the store answers again")
+    time.sleep(1)  # the hung batches commit or fail
+    assert 1 <= task_count(store) <= 1 + PARALLEL_BATCHES
