@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -35,6 +36,23 @@ class PgCluster:
     def stop(self) -> None:
         """Stop at once (`-m immediate`), as a crashed or unplugged server would."""
         _run(["pg_ctl", "-D", str(self.directory / "data"), "-m", "immediate", "-w", "stop"])
+
+    @contextmanager
+    def stalled(self) -> Iterator[None]:
+        """Every process of the cluster stopped (SIGSTOP) until the block ends: the
+        connections stay open and nothing answers, as with a stalled server or a
+        network cut that drops packets."""
+        postmaster = int((self.directory / "data" / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True,
+                                  text=True, check=False).stdout.split()
+        pids = [postmaster, *map(int, children)]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
 
 
 def _argv(command: list[str]) -> list[str]:

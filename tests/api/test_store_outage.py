@@ -6,13 +6,9 @@ serves again once the store answers, without a restart."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -68,22 +64,6 @@ def service(cluster: PgCluster, store: Database, tmp_path: Path) -> Iterator[Ser
         yield Service(f"http://127.0.0.1:{port}", env)
 
 
-@contextmanager
-def stalled(cluster: PgCluster) -> Iterator[None]:
-    """Every process of the cluster stopped: connections stay open, nothing answers."""
-    postmaster = int((cluster.directory / "data" / "postmaster.pid").read_text().split()[0])
-    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True,
-                              text=True, check=False).stdout.split()
-    pids = [postmaster, *map(int, children)]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
-
-
 def create(service: Service, token: str) -> httpx.Response:
     return httpx.post(f"{service.base_url}/v1/responses", timeout=30,
                       headers={"Authorization": f"Bearer {token}"},
@@ -102,7 +82,7 @@ def test_a_store_that_stops_answering_gets_503_within_the_bound(
     headers = {"Authorization": f"Bearer {token}"}
     assert create(service, token).status_code == 202
 
-    with stalled(cluster):
+    with cluster.stalled():
         for method, path in (("GET", "/readyz"), ("GET", "/v1/tasks"),
                              ("POST", "/v1/responses")):
             started = time.monotonic()
@@ -134,7 +114,7 @@ def test_a_creation_still_queued_at_the_bound_is_never_written(
     sent = PARALLEL_BATCHES + 3
     answers: list[httpx.Response] = []
 
-    with stalled(cluster):
+    with cluster.stalled():
         posts = []
         for _ in range(sent):
             post = threading.Thread(target=lambda: answers.append(create(service, token)))
