@@ -112,8 +112,13 @@ class Attempt:
         return max(0, min(self.deadline_ms - now, until_lease_end, LONGEST_SLEEP_MS))
 
     def renewing(self, now_ms: int) -> None:
-        """The lease keeper starts a renewal (it may hang: the store unreachable)."""
+        """The lease keeper starts a renewal, or a store call its next renewal waits
+        for (either may hang: the store unreachable or stalled)."""
         self._renewing_since_ms = now_ms
+
+    def not_renewing(self) -> None:
+        """The lease keeper's store calls for this attempt returned; none is under way."""
+        self._renewing_since_ms = None
 
     def renewed(self, started_ms: int) -> None:
         """A renewal started at `started_ms` succeeded: the lease runs from then."""

@@ -71,6 +71,11 @@ class LeaseKeeper:
             with self._lock:
                 held = list(self._held.values())
             now = self._db.clock.now_ms()
+            # Every store call of this tick stands between each attempt and its next
+            # renewal: one that hangs (a stalled store) past a lease's end lapses it,
+            # whichever call it is (`Attempt.renewing`).
+            for attempt in held:
+                attempt.renewing(now)
             cancelled = self._cancelled(held, now)
             due = now - self._heartbeat_ms
             for attempt in held:
@@ -78,6 +83,8 @@ class LeaseKeeper:
                     attempt.raise_flag(StopReason.CANCEL)
                 elif attempt.renewed_at_ms <= due:
                     self._renew(attempt)
+                    continue
+                attempt.not_renewing()
 
     def _cancelled(self, held: list[Attempt], now: int) -> set[str]:
         """The held tasks now `cancelling` (that state never goes back to running) among

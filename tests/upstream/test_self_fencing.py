@@ -5,6 +5,7 @@ lease."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -49,8 +50,21 @@ def store(cluster: PgCluster) -> Iterator[Database]:
     db.dispose()
 
 
+@contextlib.contextmanager
+def outage_of(cluster: PgCluster, outage: str) -> Iterator[None]:
+    """`stopped`: the server is gone, its connections refused. `stalled`: its processes
+    are stopped, so whatever the sweeper asks of the store hangs rather than fails."""
+    if outage == "stopped":
+        cluster.stop()
+        yield
+    else:
+        with cluster.stalled():
+            yield
+
+
+@pytest.mark.parametrize("outage", ["stopped", "stalled"])
 def test_an_attempt_whose_lease_cannot_be_renewed_stops_when_it_runs_out(
-    store: Database, cluster: PgCluster, tmp_path: Path
+    store: Database, cluster: PgCluster, tmp_path: Path, outage: str
 ) -> None:
     model = register_test_model(store, tmp_path / "models")
     enqueue(store, model=model)
@@ -63,16 +77,18 @@ def test_an_attempt_whose_lease_cannot_be_renewed_stops_when_it_runs_out(
     try:
         time.sleep(1.2)
         assert not attempt.should_stop()  # renewals work while the store is there
-        cluster.stop()
-        stopped_at = time.monotonic()
-        wait_until(attempt.should_stop, timeout=2 * LEASE_SECONDS, what="the engine told to stop")
-        assert time.monotonic() - stopped_at <= LEASE_SECONDS
+        with outage_of(cluster, outage):
+            stopped_at = time.monotonic()
+            wait_until(attempt.should_stop, timeout=2 * LEASE_SECONDS,
+                       what="the engine told to stop")
+            assert time.monotonic() - stopped_at <= LEASE_SECONDS
     finally:
         keeper.stop()
 
 
+@pytest.mark.parametrize("outage", ["stopped", "stalled"])
 def test_the_upstream_stream_is_closed_within_one_lease(
-    store: Database, cluster: PgCluster, tmp_path: Path, llama: LlamaServer
+    store: Database, cluster: PgCluster, tmp_path: Path, llama: LlamaServer, outage: str
 ) -> None:
     add_upstream(store, [llama.base_url])
     [task_id] = enqueue(store, input="Tell a very long story about a ship.",
@@ -82,11 +98,11 @@ def test_the_upstream_stream_is_closed_within_one_lease(
     try:
         wait_until(lambda: llama.busy_slots() == 1 and output_text(store, task_id),
                    timeout=60, what="generation with stored output")
-        cluster.stop()
-        stopped_at = time.monotonic()
-        wait_until(lambda: llama.busy_slots() == 0, timeout=3 * LEASE_SECONDS,
-                   what="the server's slot to go idle")
-        assert time.monotonic() - stopped_at <= LEASE_SECONDS
+        with outage_of(cluster, outage):
+            stopped_at = time.monotonic()
+            wait_until(lambda: llama.busy_slots() == 0, timeout=3 * LEASE_SECONDS,
+                       what="the server's slot to go idle")
+            assert time.monotonic() - stopped_at <= LEASE_SECONDS
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait(timeout=10)
