@@ -18,6 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.settings import Settings
+from core.store.connect import create_db_engine
+from infra.migrate import upgrade
 from tests.scheduler.processes import free_port
 
 BIN = Path(os.environ.get("TASKWARD_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -83,3 +86,13 @@ def private_cluster() -> Iterator[PgCluster]:
         subprocess.run(_argv(["pg_ctl", "-D", str(data), "-m", "immediate", "stop"]),
                        capture_output=True, check=False, timeout=60)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
+def migrated_cluster() -> Iterator[PgCluster]:
+    """A private cluster whose `postgres` database holds taskward's schema."""
+    with private_cluster() as started:
+        engine = create_db_engine(Settings(database_url=started.url))
+        upgrade(engine)
+        engine.dispose()
+        yield started

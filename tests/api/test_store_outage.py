@@ -22,10 +22,9 @@ from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.tables import tasks
 from handlers.enqueuing import PARALLEL_BATCHES
-from infra.migrate import upgrade
 from tests.api.helpers import register_test_model
 from tests.api.served import Service, process, service_env, wait_ready
-from tests.pg_cluster import PgCluster, private_cluster
+from tests.pg_cluster import PgCluster, migrated_cluster
 from tests.scheduler.processes import free_port, wait_until
 
 WAIT_SECONDS = 1.0  # TASKWARD_STORE_WAIT_SECONDS of the served process
@@ -34,10 +33,7 @@ SLACK_SECONDS = 3.0  # a loaded machine's scheduling on top of the bound
 
 @pytest.fixture
 def cluster() -> Iterator[PgCluster]:
-    with private_cluster() as started:
-        engine = create_db_engine(Settings(database_url=started.url))
-        upgrade(engine)
-        engine.dispose()
+    with migrated_cluster() as started:
         yield started
 
 

@@ -20,11 +20,10 @@ from core.settings import Settings
 from core.store import claims
 from core.store.connect import create_db_engine
 from core.store.database import Database
-from infra.migrate import upgrade
 from scheduler.attempt import Attempt
 from scheduler.heartbeat import LeaseKeeper
 from tests.api.helpers import register_test_model
-from tests.pg_cluster import PgCluster, private_cluster
+from tests.pg_cluster import PgCluster, migrated_cluster
 from tests.scheduler.helpers import output_text
 from tests.scheduler.processes import wait_until
 from tests.upstream.helpers import add_upstream, enqueue
@@ -36,10 +35,7 @@ LEASE_SECONDS = 3
 
 @pytest.fixture
 def cluster() -> Iterator[PgCluster]:
-    with private_cluster() as started:
-        engine = create_db_engine(Settings(database_url=started.url))
-        upgrade(engine)
-        engine.dispose()
+    with migrated_cluster() as started:
         yield started
 
 
