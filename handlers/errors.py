@@ -31,7 +31,7 @@ from core.errors import DomainError, TooManyRequests, Unauthorized
 from core.objects import task_object
 from handlers.limits import reset_header
 from handlers.slow_clients import BodyTimeout, ClientDisconnected
-from handlers.threads import StoreTimeout
+from handlers.threads import STORE_UNAVAILABLE
 
 log = logging.getLogger("taskward.http")
 
@@ -95,13 +95,10 @@ def problem_of(exc: Exception) -> ProblemDetailsException:
         # PostgreSQL refuses some values (a NUL character) that no check above caught.
         return problem(422, "validation_error",
                        "a value contains a character that cannot be stored")
-    if isinstance(exc, OperationalError):
-        log.warning("store unavailable: %s", type(exc.orig).__name__)
+    if isinstance(exc, STORE_UNAVAILABLE):  # down (the driver's error) or stalled
+        cause = exc.orig if isinstance(exc, OperationalError) else exc
+        log.warning("store unavailable: %s", type(cause).__name__)
         return problem(503, "store_unavailable", "the store is unavailable; try again",
-                       headers={"Retry-After": "1"})
-    if isinstance(exc, StoreTimeout):
-        log.warning("store unavailable: %s", exc)
-        return problem(503, "store_unavailable", f"{exc}; try again",
                        headers={"Retry-After": "1"})
     log.exception("unhandled %s", type(exc).__name__)
     return problem(500, "internal_error", "the server failed to answer this request")

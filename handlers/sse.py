@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -31,7 +32,9 @@ from core.store.database import Database, LoggedEvent
 from core.store.tasks import task_and_events
 from handlers.limits import end_with
 from handlers.live import LiveTail
-from handlers.threads import blocking
+from handlers.threads import STORE_UNAVAILABLE, blocking
+
+log = logging.getLogger("taskward.http")
 
 KEEPALIVE_SECONDS = 15.0
 AUTH_RECHECK_SECONDS = 1.0  # how soon an idle stream of a revoked client ends
@@ -136,6 +139,11 @@ async def _follow(
     try:
         async for chunk in _frames(db, tail, task_id, owner, page, after, still_allowed):
             yield chunk
+    except STORE_UNAVAILABLE as exc:
+        # Its status was sent long ago: the stream ends whole, and the client resumes
+        # from the last `id` it read once the store answers (docs/events.md).
+        log.warning("stream of task %s ended: store unavailable (%s)", task_id,
+                    type(exc).__name__)
     finally:
         held()
 

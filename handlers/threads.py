@@ -28,6 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from sqlalchemy.exc import OperationalError
+
 from core.store.database import Database
 from core.thread_names import name_pool_thread
 
@@ -48,6 +50,11 @@ class StoreTimeout(Exception):
 
     def __init__(self, seconds: float) -> None:
         super().__init__(f"the store did not answer within {seconds:g} s")
+
+
+# What a request hears when the store is down (the driver's error) or stalled (the
+# bound passed): both are answered 503 store_unavailable (`handlers.errors`).
+STORE_UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, StoreTimeout)
 
 
 def bound_waits(seconds: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -46,18 +47,24 @@ def store(cluster: PgCluster, tmp_path: Path) -> Iterator[Database]:
     db.dispose()
 
 
+@contextmanager
+def serving(cluster: PgCluster, workdir: Path, **settings: str) -> Iterator[Service]:
+    """`taskward serve` over the cluster, its store bound `WAIT_SECONDS`."""
+    env = {**service_env(cluster.url, workdir / "models"),
+           "TASKWARD_STORE_WAIT_SECONDS": str(WAIT_SECONDS), **settings}
+    port = free_port()
+    with process(["serve", "--port", str(port)], env, workdir / "serve.log") as server:
+        wait_ready(f"http://127.0.0.1:{port}", server, workdir / "serve.log")
+        yield Service(f"http://127.0.0.1:{port}", env)
+
+
 @pytest.fixture
 def service(cluster: PgCluster, store: Database, tmp_path: Path) -> Iterator[Service]:
-    # The token cache re-reads the revocations at most every poll interval: at its
-    # longest, the requests of a stalled second are authenticated from it and reach
-    # the store calls behind it.
-    env = {**service_env(cluster.url, tmp_path / "models"),
-           "TASKWARD_STORE_WAIT_SECONDS": str(WAIT_SECONDS),
-           "TASKWARD_POLL_INTERVAL_MS": "10000"}
-    port = free_port()
-    with process(["serve", "--port", str(port)], env, tmp_path / "serve.log") as server:
-        wait_ready(f"http://127.0.0.1:{port}", server, tmp_path / "serve.log")
-        yield Service(f"http://127.0.0.1:{port}", env)
+    """The token cache re-reads the revocations at most every poll interval: at its
+    longest, the requests of a stalled second are authenticated from it and reach the
+    store calls behind it."""
+    with serving(cluster, tmp_path, TASKWARD_POLL_INTERVAL_MS="10000") as service:
+        yield service
 
 
 def create(service: Service, token: str) -> httpx.Response:
@@ -125,3 +132,47 @@ def test_a_creation_still_queued_at_the_bound_is_never_written(
                timeout=30, what="readiness once the store answers again")
     time.sleep(1)  # the hung batches commit or fail
     assert 1 <= task_count(store) <= 1 + PARALLEL_BATCHES
+
+
+def test_a_stream_the_stalled_store_cuts_off_ends_whole_and_resumes(
+    cluster: PgCluster, store: Database, tmp_path: Path
+) -> None:
+    """A stream's status went out long before the store stalled: it ends with the
+    chunked body's end (no broken connection, no traceback in the log), and the
+    client resumes from the last id it read once the store answers. (An idle stream
+    asks the store when its token is checked again: every poll interval, here the
+    default, by the token cache.)"""
+    with serving(cluster, tmp_path) as service:
+        stream_through_a_stall(cluster, service, tmp_path / "serve.log")
+
+
+def stream_through_a_stall(cluster: PgCluster, service: Service, log: Path) -> None:
+    token = str(service.cli_json("pair", "--admin", "--token")["token"])  # type: ignore[index]
+    headers = {"Authorization": f"Bearer {token}"}
+    created = httpx.post(f"{service.base_url}/v1/responses", headers=headers, timeout=10,
+                         json={"model": "words", "input": "one two", "background": True})
+    url = f"{service.base_url}/v1/tasks/{created.json()['id']}/events"
+    ids: list[str] = []
+    ended: list[float] = []
+
+    def follow() -> None:  # no sweeper runs: the task stays queued, the stream idle
+        with httpx.stream("GET", url, timeout=30,
+                          headers={**headers, "Accept": "text/event-stream"}) as stream:
+            ids.extend(line[4:] for line in stream.iter_lines() if line.startswith("id: "))
+        ended.append(time.monotonic())
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    wait_until(lambda: bool(ids), timeout=10, what="the stream's first event")
+    with cluster.stalled():
+        stalled_at = time.monotonic()
+        reader.join(WAIT_SECONDS + SLACK_SECONDS + 2)
+        assert ended, "the stream did not end"
+        assert ended[0] - stalled_at <= WAIT_SECONDS + SLACK_SECONDS + 1  # + its auth recheck
+
+    assert ids == ["1"]
+    assert "Traceback" not in log.read_text()
+    wait_until(lambda: httpx.get(f"{service.base_url}/readyz", timeout=5).status_code == 200,
+               timeout=30, what="readiness once the store answers again")
+    resumed = httpx.get(url, timeout=10, headers=headers, params={"after": ids[-1]})
+    assert resumed.status_code == 200 and resumed.json()["data"] == []
