@@ -2,7 +2,7 @@
 a network cut that drops packets; here a private cluster whose processes are stopped
 with SIGSTOP): `taskward serve` answers `503 store_unavailable` within the store bound
 instead of holding every request, drops the creations it never got to write, and
-serves again once the store answers, without a restart."""
+serves again once the store answers, without a restart; a sweeper works on then too."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 import tests.engines  # noqa: F401  registers the deterministic engine in this process
 from core.clock import Clock
 from core.settings import Settings
+from core.states import Status
 from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.tables import tasks
@@ -26,7 +27,9 @@ from handlers.enqueuing import PARALLEL_BATCHES
 from tests.api.helpers import register_test_model
 from tests.api.served import Service, process, service_env, wait_ready
 from tests.pg_cluster import PgCluster, migrated_cluster
+from tests.scheduler.helpers import enqueue_many
 from tests.scheduler.processes import free_port, wait_until
+from tests.store.helpers import task_row
 
 WAIT_SECONDS = 1.0  # TASKWARD_STORE_WAIT_SECONDS of the served process
 SLACK_SECONDS = 3.0  # a loaded machine's scheduling on top of the bound
@@ -176,3 +179,19 @@ def stream_through_a_stall(cluster: PgCluster, service: Service, log: Path) -> N
                timeout=30, what="readiness once the store answers again")
     resumed = httpx.get(url, timeout=10, headers=headers, params={"after": ids[-1]})
     assert resumed.status_code == 200 and resumed.json()["data"] == []
+
+
+def test_a_sweeper_works_on_once_a_stalled_store_answers(
+    cluster: PgCluster, store: Database, tmp_path: Path
+) -> None:
+    env = {**service_env(cluster.url, tmp_path / "models"), "TASKWARD_LEASE_SECONDS": "3",
+           "TASKWARD_HEARTBEAT_SECONDS": "1"}
+    with process(["sweeper"], env, tmp_path / "sweeper.log"):
+        before = enqueue_many(store, "words", 5)
+        wait_until(lambda: all(task_row(store, t).status == Status.COMPLETED for t in before),
+                   timeout=30, what="the tasks before the stall")
+        with cluster.stalled():
+            time.sleep(2 * WAIT_SECONDS + 1)
+        after = enqueue_many(store, "words", 5)
+        wait_until(lambda: all(task_row(store, t).status == Status.COMPLETED for t in after),
+                   timeout=30, what="the tasks after the stall, with no restart")
