@@ -39,10 +39,7 @@ give, however late.
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 from core.idempotency import IdempotencyClaim
 from core.store.births import NewTask
@@ -50,7 +47,7 @@ from core.store.database import Database
 from core.store.new_tasks import Enqueued, births_alone, enqueue, enqueue_many, enqueue_many_async
 from core.store.pg_async import AutocommitConnections
 from handlers.arrivals import Arrivals
-from handlers.threads import StoreTimeout, wait_seconds, writer_pool
+from handlers.threads import StoreTimeout, group_writing, wait_seconds
 
 MAX_BATCH = 128
 PARALLEL_BATCHES = 4
@@ -59,7 +56,6 @@ STALLED_SECONDS = 0.02  # a commit of births is a round trip and an fsync: milli
 _Answer = asyncio.Future[Enqueued]
 _Pending = tuple[NewTask, IdempotencyClaim | None, _Answer]
 _Outcome = tuple[_Answer, Enqueued | Exception]
-_T = TypeVar("_T")
 
 
 class Enqueuer:
@@ -119,7 +115,7 @@ class Enqueuer:
             for answer in expired:
                 del self._waiting[answer]
                 if not answer.done():
-                    answer.set_exception(StoreTimeout(seconds))
+                    answer.set_exception(StoreTimeout())
         if self._waiting:
             oldest = next(iter(self._waiting.values()))
             self._watchdog = loop.call_at(oldest + seconds, self._time_out)
@@ -170,7 +166,7 @@ class Enqueuer:
         if batch is not None and births_alone(self._db, [(n, c) for n, c, _ in batch]):
             outcomes = await self._commit_on_loop(batch)
         else:
-            outcomes = await self._on_writer(self._commit_next, batch)
+            outcomes = await group_writing(self._db, self._commit_next, batch)
         for answer, outcome in outcomes:
             if answer.done():  # the client went away
                 continue
@@ -178,11 +174,6 @@ class Enqueuer:
                 answer.set_exception(outcome)
             else:
                 answer.set_result(outcome)
-
-    async def _on_writer(self, function: Callable[..., _T], *args: Any) -> _T:
-        """`function(*args)` on the store's writer threads, waited for without a bound."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(writer_pool(self._db), functools.partial(function, *args))
 
     def _take(self) -> list[_Pending]:
         with self._taking:
@@ -210,7 +201,7 @@ class Enqueuer:
         done = await enqueue_many_async(self._db, self._connections, requests,
                                         idempotency_ttl_ms=self._ttl_ms)
         outcomes: list[Enqueued | Exception] = (
-            await self._on_writer(self._commit, requests, done)
+            await group_writing(self._db, self._commit, requests, done)
             if None in done else done)  # type: ignore[assignment]  # no None in it
         return [(answer, outcome) for (_, _, answer), outcome in zip(batch, outcomes)]
 

@@ -48,9 +48,6 @@ _wait_seconds = 30.0  # the process's bound (`bound_waits`), the setting's defau
 class StoreTimeout(Exception):
     """The store did not answer a request's call within the process's bound."""
 
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"the store did not answer within {seconds:g} s")
-
 
 # What a request hears when the store is down (the driver's error) or stalled (the
 # bound passed): both are answered 503 store_unavailable (`handlers.errors`).
@@ -64,6 +61,7 @@ def bound_waits(seconds: float) -> None:
 
 
 def wait_seconds() -> float:
+    """The process's bound, for a wait kept by other means (the group commit's timer)."""
     return _wait_seconds
 
 
@@ -76,26 +74,35 @@ async def blocking(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) 
 async def lengthy(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Like `blocking`, without the bound: for a call whose own work may outlast it
     (hashing a model file of many gigabytes before its one short write)."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_POOL, functools.partial(function, *args, **kwargs))
+    return await _run(_POOL, functools.partial(function, *args, **kwargs))
 
 
 async def writing(
     db: Database, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs
 ) -> T:
     """Like `blocking`, for a call that is one short write transaction on `db`."""
-    return await _bounded(writer_pool(db), functools.partial(function, *args, **kwargs))
+    return await _bounded(_writers(db), functools.partial(function, *args, **kwargs))
 
 
-def writer_pool(db: Database) -> ThreadPoolExecutor:
-    """The threads `db`'s short write transactions run on."""
+async def group_writing(
+    db: Database, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """Like `writing`, without the bound: the group commit's own call, which answers
+    the requests of its batch however late (`handlers.enqueuing`)."""
+    return await _run(_writers(db), functools.partial(function, *args, **kwargs))
+
+
+def _writers(db: Database) -> ThreadPoolExecutor:
     return _SINGLE_WRITER if db.single_writer else _POOL
 
 
 async def _bounded(pool: ThreadPoolExecutor, call: Callable[[], T]) -> T:
-    seconds = _wait_seconds
     try:
-        async with asyncio.timeout(seconds):
-            return await asyncio.get_running_loop().run_in_executor(pool, call)
+        async with asyncio.timeout(_wait_seconds):
+            return await _run(pool, call)
     except TimeoutError:
-        raise StoreTimeout(seconds) from None
+        raise StoreTimeout from None
+
+
+async def _run(pool: ThreadPoolExecutor, call: Callable[[], T]) -> T:
+    return await asyncio.get_running_loop().run_in_executor(pool, call)
