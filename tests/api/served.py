@@ -40,6 +40,12 @@ class Service:
     def cli_json(self, *args: str) -> object:
         return json.loads(self.cli(*args, "--json"))
 
+    def admin_token(self) -> str:
+        """A new admin client's bearer token (`taskward pair --admin --token`)."""
+        issued = self.cli_json("pair", "--admin", "--token")
+        assert isinstance(issued, dict)
+        return str(issued["token"])
+
 
 def service_env(database_url: str, models_dir: Path) -> dict[str, str]:
     kept = {k: v for k, v in os.environ.items() if not k.startswith("TASKWARD_")}
@@ -84,14 +90,19 @@ def wait_ready(
 
 
 @contextmanager
-def running_service(database_url: str, workdir: Path, *, sweeper: bool = True) -> Iterator[Service]:
-    """`taskward serve --workers 2` (and a sweeper) over a migrated store."""
-    env = service_env(database_url, workdir / "models")
+def running_service(
+    database_url: str, workdir: Path, *, sweeper: bool = True, workers: int = 2,
+    settings: dict[str, str] | None = None,
+) -> Iterator[Service]:
+    """`taskward serve --workers 2` (and a sweeper) over a migrated store; `settings`:
+    more `TASKWARD_*` variables for both."""
+    env = {**service_env(database_url, workdir / "models"), **(settings or {})}
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     with ExitStack() as stack:
         server = stack.enter_context(process(
-            ["serve", "--port", str(port), "--workers", "2"], env, workdir / "serve.log"))
+            ["serve", "--port", str(port), "--workers", str(workers)], env,
+            workdir / "serve.log"))
         if sweeper:
             stack.enter_context(process(["sweeper"], env, workdir / "sweeper.log"))
         wait_ready(base_url, server, workdir / "serve.log")

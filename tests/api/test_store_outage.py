@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+from typing import ContextManager
 
 import httpx
 import pytest
@@ -25,10 +25,10 @@ from core.store.database import Database
 from core.tables import tasks
 from handlers.enqueuing import PARALLEL_BATCHES
 from tests.api.helpers import register_test_model
-from tests.api.served import Service, process, service_env, wait_ready
+from tests.api.served import Service, process, running_service, service_env
 from tests.pg_cluster import PgCluster, migrated_cluster
 from tests.scheduler.helpers import enqueue_many
-from tests.scheduler.processes import free_port, wait_until
+from tests.scheduler.processes import wait_until
 from tests.store.helpers import task_row
 
 WAIT_SECONDS = 1.0  # TASKWARD_STORE_WAIT_SECONDS of the served process
@@ -50,15 +50,11 @@ def store(cluster: PgCluster, tmp_path: Path) -> Iterator[Database]:
     db.dispose()
 
 
-@contextmanager
-def serving(cluster: PgCluster, workdir: Path, **settings: str) -> Iterator[Service]:
-    """`taskward serve` over the cluster, its store bound `WAIT_SECONDS`."""
-    env = {**service_env(cluster.url, workdir / "models"),
-           "TASKWARD_STORE_WAIT_SECONDS": str(WAIT_SECONDS), **settings}
-    port = free_port()
-    with process(["serve", "--port", str(port)], env, workdir / "serve.log") as server:
-        wait_ready(f"http://127.0.0.1:{port}", server, workdir / "serve.log")
-        yield Service(f"http://127.0.0.1:{port}", env)
+def serving(cluster: PgCluster, workdir: Path, **settings: str) -> ContextManager[Service]:
+    """`taskward serve` (one worker, no sweeper) over the cluster, its store bound
+    `WAIT_SECONDS`."""
+    return running_service(cluster.url, workdir, sweeper=False, workers=1, settings={
+        "TASKWARD_STORE_WAIT_SECONDS": str(WAIT_SECONDS), **settings})
 
 
 @pytest.fixture
@@ -70,10 +66,15 @@ def service(cluster: PgCluster, store: Database, tmp_path: Path) -> Iterator[Ser
         yield service
 
 
-def create(service: Service, token: str) -> httpx.Response:
+def ready_again(service: Service) -> None:
+    wait_until(lambda: httpx.get(f"{service.base_url}/readyz", timeout=5).status_code == 200,
+               timeout=30, what="readiness once the store answers again")
+
+
+def create(service: Service, token: str, **fields: object) -> httpx.Response:
     return httpx.post(f"{service.base_url}/v1/responses", timeout=30,
                       headers={"Authorization": f"Bearer {token}"},
-                      json={"model": "words", "input": "one two"})
+                      json={"model": "words", "input": "one two", **fields})
 
 
 def task_count(db: Database) -> int:
@@ -84,7 +85,7 @@ def task_count(db: Database) -> int:
 def test_a_store_that_stops_answering_gets_503_within_the_bound(
     cluster: PgCluster, service: Service
 ) -> None:
-    token = str(service.cli_json("pair", "--admin", "--token")["token"])  # type: ignore[index]
+    token = service.admin_token()
     headers = {"Authorization": f"Bearer {token}"}
     assert create(service, token).status_code == 202
 
@@ -102,8 +103,7 @@ def test_a_store_that_stops_answering_gets_503_within_the_bound(
             assert WAIT_SECONDS * 0.9 <= took <= WAIT_SECONDS + SLACK_SECONDS, (path, took)
         assert httpx.get(f"{service.base_url}/healthz", timeout=5).status_code == 200
 
-    wait_until(lambda: httpx.get(f"{service.base_url}/readyz", timeout=5).status_code == 200,
-               timeout=30, what="readiness once the store answers again")
+    ready_again(service)
     assert httpx.get(f"{service.base_url}/v1/tasks", headers=headers,
                      timeout=10).status_code == 200
 
@@ -115,7 +115,7 @@ def test_a_creation_still_queued_at_the_bound_is_never_written(
     creations each take a batch of their own, whose commit hangs (and may land once the
     store is back: they were on their way); the rest wait in the queue, and leave it
     with their 503: they are never written."""
-    token = str(service.cli_json("pair", "--admin", "--token")["token"])  # type: ignore[index]
+    token = service.admin_token()
     assert create(service, token).status_code == 202
     sent = PARALLEL_BATCHES + 3
     answers: list[httpx.Response] = []
@@ -131,8 +131,7 @@ def test_a_creation_still_queued_at_the_bound_is_never_written(
             post.join(30)
 
     assert [a.status_code for a in answers] == [503] * sent
-    wait_until(lambda: httpx.get(f"{service.base_url}/readyz", timeout=5).status_code == 200,
-               timeout=30, what="readiness once the store answers again")
+    ready_again(service)
     time.sleep(1)  # the hung batches commit or fail
     assert 1 <= task_count(store) <= 1 + PARALLEL_BATCHES
 
@@ -146,39 +145,33 @@ def test_a_stream_the_stalled_store_cuts_off_ends_whole_and_resumes(
     asks the store when its token is checked again: every poll interval, here the
     default, by the token cache.)"""
     with serving(cluster, tmp_path) as service:
-        stream_through_a_stall(cluster, service, tmp_path / "serve.log")
+        token = service.admin_token()
+        headers = {"Authorization": f"Bearer {token}"}
+        created = create(service, token, background=True)
+        url = f"{service.base_url}/v1/tasks/{created.json()['id']}/events"
+        ids: list[str] = []
+        ended: list[float] = []
 
+        def follow() -> None:  # no sweeper runs: the task stays queued, the stream idle
+            with httpx.stream("GET", url, timeout=30,
+                              headers={**headers, "Accept": "text/event-stream"}) as stream:
+                ids.extend(line[4:] for line in stream.iter_lines() if line.startswith("id: "))
+            ended.append(time.monotonic())
 
-def stream_through_a_stall(cluster: PgCluster, service: Service, log: Path) -> None:
-    token = str(service.cli_json("pair", "--admin", "--token")["token"])  # type: ignore[index]
-    headers = {"Authorization": f"Bearer {token}"}
-    created = httpx.post(f"{service.base_url}/v1/responses", headers=headers, timeout=10,
-                         json={"model": "words", "input": "one two", "background": True})
-    url = f"{service.base_url}/v1/tasks/{created.json()['id']}/events"
-    ids: list[str] = []
-    ended: list[float] = []
+        reader = threading.Thread(target=follow)
+        reader.start()
+        wait_until(lambda: bool(ids), timeout=10, what="the stream's first event")
+        with cluster.stalled():
+            stalled_at = time.monotonic()
+            reader.join(WAIT_SECONDS + SLACK_SECONDS + 2)
+            assert ended, "the stream did not end"
+            assert ended[0] - stalled_at <= WAIT_SECONDS + SLACK_SECONDS + 1  # + its auth recheck
 
-    def follow() -> None:  # no sweeper runs: the task stays queued, the stream idle
-        with httpx.stream("GET", url, timeout=30,
-                          headers={**headers, "Accept": "text/event-stream"}) as stream:
-            ids.extend(line[4:] for line in stream.iter_lines() if line.startswith("id: "))
-        ended.append(time.monotonic())
-
-    reader = threading.Thread(target=follow)
-    reader.start()
-    wait_until(lambda: bool(ids), timeout=10, what="the stream's first event")
-    with cluster.stalled():
-        stalled_at = time.monotonic()
-        reader.join(WAIT_SECONDS + SLACK_SECONDS + 2)
-        assert ended, "the stream did not end"
-        assert ended[0] - stalled_at <= WAIT_SECONDS + SLACK_SECONDS + 1  # + its auth recheck
-
-    assert ids == ["1"]
-    assert "Traceback" not in log.read_text()
-    wait_until(lambda: httpx.get(f"{service.base_url}/readyz", timeout=5).status_code == 200,
-               timeout=30, what="readiness once the store answers again")
-    resumed = httpx.get(url, timeout=10, headers=headers, params={"after": ids[-1]})
-    assert resumed.status_code == 200 and resumed.json()["data"] == []
+        assert ids == ["1"]
+        assert "Traceback" not in (tmp_path / "serve.log").read_text()
+        ready_again(service)
+        resumed = httpx.get(url, timeout=10, headers=headers, params={"after": ids[-1]})
+        assert resumed.status_code == 200 and resumed.json()["data"] == []
 
 
 def test_a_sweeper_works_on_once_a_stalled_store_answers(

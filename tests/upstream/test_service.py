@@ -41,9 +41,7 @@ def service(
 
 @pytest.fixture(scope="module")
 def sdk(service: Service) -> Iterator[openai.OpenAI]:
-    issued = service.cli_json("pair", "--admin", "--token")
-    assert isinstance(issued, dict)
-    with openai.OpenAI(base_url=f"{service.base_url}/v1", api_key=issued["token"],
+    with openai.OpenAI(base_url=f"{service.base_url}/v1", api_key=service.admin_token(),
                        timeout=60) as client:
         yield client
 
