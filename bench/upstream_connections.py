@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import ssl
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from typing import Any
 import httpx
 
 from core.engines.upstream.transport import END, _new_client, _pump
-from tests.upstream.helpers import self_signed
+from tests.upstream.helpers import self_signed, serving_tls
 from tests.upstream.scripted import read_request
 
 _DELTA = (b'data: {"choices":[{"index":0,"delta":{"content":" word"},'
@@ -65,10 +64,7 @@ async def serve(deltas: int, cert: Path | None, key: Path | None) -> None:
             pass
         writer.close()
 
-    tls = None
-    if cert is not None and key is not None:
-        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        tls.load_cert_chain(cert, key)
+    tls = serving_tls(key, cert) if cert is not None and key is not None else None
     server = await asyncio.start_server(connection, "127.0.0.1", 0, ssl=tls)
     print(server.sockets[0].getsockname()[1], flush=True)
     async with server:

@@ -4,6 +4,7 @@ certificate for a TLS stand-in."""
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -45,3 +46,10 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
                     "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
     return key, cert
+
+
+def serving_tls(key: Path, cert: Path) -> ssl.SSLContext:
+    """A TLS stand-in's server side, presenting `cert` (`self_signed`)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context

@@ -97,3 +97,18 @@ class Scripted:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._loop.close()
+
+
+class AnswersBadRequest(Scripted):
+    """A server that answers whatever comes first, a TLS hello included, with a plain
+    HTTP 400 and hangs up, as uvicorn (vLLM's server) does."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        await reader.read(1)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()

@@ -4,9 +4,6 @@ a broken upstream streams cannot wedge an attempt."""
 
 from __future__ import annotations
 
-import asyncio
-import ssl
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -20,9 +17,9 @@ from core.store.tasks import get_response
 from tests.scheduler.helpers import event_data, output_text, run_pass, streamed_text
 from tests.scheduler.processes import free_port
 from tests.store.helpers import task_row
-from tests.upstream.helpers import add_upstream, enqueue, self_signed
+from tests.upstream.helpers import add_upstream, enqueue, self_signed, serving_tls
 from tests.upstream.llama import LlamaServer
-from tests.upstream.scripted import USAGE, Scripted, delta
+from tests.upstream.scripted import USAGE, AnswersBadRequest, Scripted, delta
 
 
 def run_until_finished(db: Database, settings: Settings, task_id: str, seconds: float = 30) -> None:
@@ -69,9 +66,8 @@ def test_a_certificate_this_process_does_not_trust_is_named(
     """A TLS upstream behind a private CA that `SSL_CERT_FILE` does not name: the
     operator reads a certificate problem, not "connection failed"."""
     key, cert = self_signed(tmp_path)
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(cert, key)
-    server = scripted([delta("never read"), USAGE, b"data: [DONE]\n\n"], tls=tls)
+    server = scripted([delta("never read"), USAGE, b"data: [DONE]\n\n"],
+                      tls=serving_tls(key, cert))
 
     messages = retry_messages(db, quick, server.base_url)
 
@@ -97,25 +93,12 @@ def test_https_to_a_server_that_answers_plain_http_is_a_failed_handshake(
 ) -> None:
     """The same slip with a server that answers the TLS hello with a plain-HTTP 400, as
     uvicorn (vLLM's) does: a stand-in server that answers so to any bytes."""
-    async def bad_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read(1)
-        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(bad_request, "127.0.0.1", 0))
-    serving = threading.Thread(target=loop.run_forever, daemon=True)
-    serving.start()
-    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    server = AnswersBadRequest()
+    url = server.base_url.replace("http://", "https://")
     try:
         messages = retry_messages(db, quick, url)
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        serving.join(5)
-        server.close()
-        loop.run_until_complete(server.wait_closed())
-        loop.close()
+        server.stop()
 
     assert messages == [f"upstream {url}: TLS handshake failed"]
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from core.engines.upstream.network import asyncio_transport
-from tests.upstream.helpers import self_signed
+from tests.upstream.helpers import self_signed, serving_tls
 from tests.upstream.scripted import chunk, read_request
 
 LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
@@ -107,8 +107,7 @@ def test_tls_is_checked_and_carries_the_stream(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key, cert = self_signed(tmp_path)
-    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    served.load_cert_chain(cert, key)
+    served = serving_tls(key, cert)
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
 
     async def test(url: str) -> None:
