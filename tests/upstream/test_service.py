@@ -16,13 +16,13 @@ import pytest
 
 from core.settings import Settings
 from core.store.connect import open_database
-from tests.api.served import Service
+from tests.api.served import Service, running_service
 from tests.databases import migrated_store
 from tests.openai.test_sdk import settled
 from tests.scheduler.processes import wait_until
 from tests.upstream.helpers import COUNTING, MODEL, add_upstream
 from tests.upstream.llama import LlamaServer
-from tests.upstream.served import served, upstream_env
+from tests.upstream.served import quick_settings
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -36,7 +36,8 @@ def service(
         db = open_database(Settings(database_url=url))
         add_upstream(db, [llama.base_url], max_concurrency=2)
         db.dispose()
-        yield stack.enter_context(served(upstream_env(url, workdir), workdir))
+        yield stack.enter_context(running_service(url, workdir, workers=1,
+                                                  settings=quick_settings()))
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ def test_a_sweeper_logs_no_line_per_upstream_request(
     created = sdk.responses.create(model=MODEL, input=COUNTING, background=True,
                                    temperature=0, max_output_tokens=4)
     assert settled(sdk, created.id).status == "completed"
-    log = (Path(service.env["TASKWARD_MODELS_DIR"]).parent / "sweeper-0.log").read_text()
+    log = (Path(service.env["TASKWARD_MODELS_DIR"]).parent / "sweeper.log").read_text()
     assert " INFO " in log
     assert "HTTP Request:" not in log
 
