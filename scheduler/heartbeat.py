@@ -51,9 +51,13 @@ class LeaseKeeper:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float) -> bool:
+        """End the thread; False if it is still in a store call after `timeout` (a
+        stalled store). It is a daemon thread, so it is then left to process exit, and
+        the leases it held run out."""
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def hold(self, attempt: Attempt) -> None:
         with self._lock:

@@ -52,8 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_HAND_BACK_GRACE_SECONDS = 10  # for runners to write their releases after the drain
-_ENGINE_JOIN_SECONDS = 5  # an engine that ignores `should_stop` is left to process exit
+HAND_BACK_GRACE_SECONDS = 10  # for runners to write their releases after the drain
+ENGINE_JOIN_SECONDS = 5  # an engine that ignores `should_stop` is left to process exit
 # Short tasks share transactions: a claim waits for the slots freeing with the first one,
 # a completion for the attempts ending with it, at most `_GATHER_SECONDS` in all and
 # never `_QUIET_SECONDS` without one more (see `gather`): long work hardly waits.
@@ -359,7 +359,7 @@ class Workers:
             log.info("handing back %d unfinished task(s)", len(left))
             for attempt in left:
                 attempt.raise_flag(StopReason.HAND_BACK)
-            idle = self.wait_idle(_HAND_BACK_GRACE_SECONDS)
+            idle = self.wait_idle(HAND_BACK_GRACE_SECONDS)
             if not idle:
                 log.warning("runners still busy after the hand-back; their leases will expire")
         # Idle runner threads end at once and are joined; a runner stuck in a database
@@ -367,10 +367,11 @@ class Workers:
         # to a runner from here on.
         self._handoffs.stop()
         if self._streams is not None:
-            self._streams.stop(_ENGINE_JOIN_SECONDS if idle else 0)
+            self._streams.stop(ENGINE_JOIN_SECONDS if idle else 0)
         self._executor.shutdown(wait=idle, cancel_futures=True)
-        self._keeper.stop()
-        for name in self._engines.stop(_ENGINE_JOIN_SECONDS):
+        if not self._keeper.stop(ENGINE_JOIN_SECONDS):
+            log.warning("the lease keeper is still waiting on the store; its leases will expire")
+        for name in self._engines.stop(ENGINE_JOIN_SECONDS):
             log.warning("engine thread %s ignores should_stop; left to process exit", name)
 
 

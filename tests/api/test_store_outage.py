@@ -6,6 +6,8 @@ serves again once the store answers, without a restart; a sweeper works on then 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.tables import tasks
 from handlers.enqueuing import PARALLEL_BATCHES
+from scheduler.workers import ENGINE_JOIN_SECONDS, HAND_BACK_GRACE_SECONDS
 from tests.api.helpers import register_test_model
 from tests.api.served import Service, process, running_service, service_env
 from tests.pg_cluster import PgCluster, migrated_cluster
@@ -33,6 +36,7 @@ from tests.store.helpers import task_row
 
 WAIT_SECONDS = 1.0  # TASKWARD_STORE_WAIT_SECONDS of the served process
 SLACK_SECONDS = 3.0  # a loaded machine's scheduling on top of the bound
+DRAIN_SECONDS = 1  # TASKWARD_DRAIN_SECONDS of the stopped sweeper
 
 
 @pytest.fixture
@@ -188,3 +192,28 @@ def test_a_sweeper_works_on_once_a_stalled_store_answers(
         after = enqueue_many(store, "words", 5)
         wait_until(lambda: all(task_row(store, t).status == Status.COMPLETED for t in after),
                    timeout=30, what="the tasks after the stall, with no restart")
+
+
+def test_a_busy_sweeper_stops_within_its_bounds_while_the_store_stalls(
+    cluster: PgCluster, store: Database, tmp_path: Path
+) -> None:
+    """SIGTERM mid-stream with the store stalled: the drain, the hand-back's grace and
+    the lease keeper's join are each bounded, so the process exits instead of waiting
+    on the store for good; its tasks are finished by the next sweeper once it answers."""
+    env = {**service_env(cluster.url, tmp_path / "models"), "TASKWARD_LEASE_SECONDS": "3",
+           "TASKWARD_HEARTBEAT_SECONDS": "1", "TASKWARD_DRAIN_SECONDS": str(DRAIN_SECONDS)}
+    streaming = enqueue_many(store, "words", 2, input="words=60 delay=0.1")  # both slots
+    with process(["sweeper"], env, tmp_path / "sweeper.log") as child:
+        wait_until(lambda: all(task_row(store, t).status == Status.RUNNING for t in streaming),
+                   timeout=30, what="the tasks streaming")
+        with cluster.stalled():
+            stopping_at = time.monotonic()
+            os.killpg(child.pid, signal.SIGTERM)
+            child.wait(timeout=DRAIN_SECONDS + HAND_BACK_GRACE_SECONDS + ENGINE_JOIN_SECONDS
+                       + SLACK_SECONDS)
+            stopped_in = time.monotonic() - stopping_at
+    assert child.returncode == 0
+    assert stopped_in >= DRAIN_SECONDS  # it did wait for the drain
+    with process(["sweeper"], env, tmp_path / "sweeper-after.log"):
+        wait_until(lambda: all(task_row(store, t).status == Status.COMPLETED for t in streaming),
+                   timeout=60, what="the handed-over tasks finished once the store answers")

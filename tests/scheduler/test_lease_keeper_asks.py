@@ -46,7 +46,7 @@ def keeper(hand_db: Database) -> Iterator[LeaseKeeper]:
                           tick_seconds=TICK_SECONDS)
     started.start()
     yield started
-    started.stop()
+    assert started.stop(timeout=5)
 
 
 def held_attempts(db: Database, keeper: LeaseKeeper, model: str, count: int) -> list[Attempt]:

@@ -79,7 +79,7 @@ def test_an_attempt_whose_lease_cannot_be_renewed_stops_when_it_runs_out(
                        what="the engine told to stop")
             assert time.monotonic() - stopped_at <= LEASE_SECONDS
     finally:
-        keeper.stop()
+        assert keeper.stop(timeout=5)  # the store answers again: the thread ends
 
 
 @pytest.mark.parametrize("outage", ["stopped", "stalled"])
