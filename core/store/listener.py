@@ -43,7 +43,7 @@ class PgListener:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(self._conninfo, autocommit=True) as conn:
                     for channel in self._handlers:
                         conn.execute(f"LISTEN {channel}")
                     for handle in self._handlers.values():
