@@ -24,14 +24,14 @@ from litestar.plugins.problem_details import (
     ProblemDetailsPlugin,
 )
 from sqlalchemy import Row
-from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError
 
 from core.bodies import field_path
 from core.errors import DomainError, TooManyRequests, Unauthorized
 from core.objects import task_object
 from handlers.limits import reset_header
 from handlers.slow_clients import BodyTimeout, ClientDisconnected
-from handlers.threads import STORE_UNAVAILABLE
+from handlers.threads import store_unavailable
 
 log = logging.getLogger("taskward.http")
 
@@ -95,8 +95,8 @@ def problem_of(exc: Exception) -> ProblemDetailsException:
         # PostgreSQL refuses some values (a NUL character) that no check above caught.
         return problem(422, "validation_error",
                        "a value contains a character that cannot be stored")
-    if isinstance(exc, STORE_UNAVAILABLE):  # down (the driver's error) or stalled
-        cause = exc.orig if isinstance(exc, OperationalError) else exc
+    if store_unavailable(exc):
+        cause = exc.orig if isinstance(exc, DBAPIError) else exc
         log.warning("store unavailable: %s", type(cause).__name__)
         return problem(503, "store_unavailable", "the store is unavailable; try again",
                        headers={"Retry-After": "1"})

@@ -32,7 +32,7 @@ from core.store.database import Database, LoggedEvent
 from core.store.tasks import task_and_events
 from handlers.limits import end_with
 from handlers.live import LiveTail
-from handlers.threads import STORE_UNAVAILABLE, blocking
+from handlers.threads import blocking, store_unavailable
 
 log = logging.getLogger("taskward.http")
 
@@ -139,7 +139,9 @@ async def _follow(
     try:
         async for chunk in _frames(db, tail, task_id, owner, page, after, still_allowed):
             yield chunk
-    except STORE_UNAVAILABLE as exc:
+    except Exception as exc:
+        if not store_unavailable(exc):
+            raise
         # Its status was sent long ago: the stream ends whole, and the client resumes
         # from the last `id` it read once the store answers (docs/events.md).
         log.warning("stream of task %s ended: store unavailable (%s)", task_id,

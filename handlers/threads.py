@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from core.store.database import Database
 from core.thread_names import name_pool_thread
@@ -49,9 +49,14 @@ class StoreTimeout(Exception):
     """The store did not answer a request's call within the process's bound."""
 
 
-# What a request hears when the store is down (the driver's error) or stalled (the
-# bound passed): both are answered 503 store_unavailable (`handlers.errors`).
-STORE_UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, StoreTimeout)
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` is what a request hears when the store is down (the driver's
+    `OperationalError`), stalled (the bound passed) or ended the session under it (any
+    driver error after which SQLAlchemy dropped the connection: PostgreSQL ending a
+    transaction left idle past its bound is an `InternalError`). Each is answered
+    `503 store_unavailable` (`handlers.errors`)."""
+    return isinstance(exc, (OperationalError, StoreTimeout)) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
 def bound_waits(seconds: float) -> None:
