@@ -4,17 +4,17 @@ that relies on it (`BEGIN IMMEDIATE` needs the driver's autocommit, WAL the prag
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import make_url
 
 from core.clock import Clock
 from core.settings import Settings
 from core.store.database import Database
+from core.store.libpq import with_bounds
 
 
 def create_db_engine(settings: Settings) -> Engine:
@@ -34,34 +34,9 @@ def create_db_engine(settings: Settings) -> Engine:
         return engine
     # No HSTORE column exists: without `use_native_hstore` the dialect's first connection
     # looks the type up (one more round trip before a process's first statement).
-    return create_engine(_with_network_bounds(url, settings.store_wait_seconds),
+    return create_engine(with_bounds(url, settings.store_wait_seconds),
                          pool_size=8, max_overflow=16, pool_pre_ping=False,
                          use_native_hstore=False)
-
-
-def _with_network_bounds(url: URL, wait_seconds: float) -> URL:
-    """`url` with libpq's network timeouts, each unless the URL sets it already.
-
-    A PostgreSQL host that vanishes (a failover, a partition dropping packets) answers
-    nothing, not even a reset: without these a connection waits on the kernel, ~15
-    minutes for a write to go unacknowledged and for ever for a reply, and every store
-    thread that touches it with it. With them such a connection fails after about
-    `wait_seconds` (`TASKWARD_STORE_WAIT_SECONDS`) of silence from the host's TCP
-    stack, is dropped from the pool, and the next call connects afresh (each connect
-    bounded too). A server that is slow but up keeps its connections: its kernel
-    still acknowledges and answers keepalives. The listener and the API's own batch
-    connections are made from the engine's URL, so they carry the same bounds.
-    """
-    wait = max(2, math.ceil(wait_seconds))  # libpq's least connect_timeout is 2 s
-    bounds = {
-        "connect_timeout": str(wait),
-        "keepalives": "1",
-        "keepalives_idle": str(max(1, wait // 2)),
-        "keepalives_interval": str(max(1, wait // 6)),
-        "keepalives_count": "3",
-        "tcp_user_timeout": str(wait * 1000),
-    }
-    return url.update_query_dict({k: v for k, v in bounds.items() if k not in url.query})
 
 
 def _owner_only(database: Path) -> None:

@@ -22,6 +22,7 @@ from sqlalchemy.exc import DBAPIError
 
 from core.clock import Clock
 from core.store.held import HeldTasks
+from core.store.libpq import libpq_conninfo
 
 if TYPE_CHECKING:
     from core.store.listener import PgListener
@@ -83,7 +84,9 @@ class Database:
                 with conn.begin():
                     yield conn
             finally:
-                del conn.info[_HEARD_AFTER_COMMIT]
+                # A connection the failure invalidated (its server ended the session)
+                # has a new, empty `info`: the store's error goes on, not a KeyError.
+                conn.info.pop(_HEARD_AFTER_COMMIT, None)
         self._tell(heard)
 
     @contextmanager
@@ -104,7 +107,7 @@ class Database:
             try:
                 yield conn
             finally:
-                del conn.info[_LOGGED]
+                conn.info.pop(_LOGGED, None)  # gone with an invalidated connection (`write`)
             if rows:
                 _heard_after_commit(conn).extend(
                     (EVENTS_CHANNEL, Logged(task_id, tuple(logged_rows)))
@@ -156,7 +159,7 @@ class Database:
             return None
         from core.store.listener import PgListener  # psycopg: SQLite processes never load it
 
-        return PgListener(self.engine.url, handlers)
+        return PgListener(libpq_conninfo(self.engine), handlers)
 
     def announce_work(self, conn: Connection, *, notified: bool = False) -> None:
         """Tell sweepers that new work is due, as part of the transaction `conn`.

@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable, Mapping
 
 import psycopg
-from sqlalchemy.engine import URL
 
 from core.thread_names import named_thread
 
@@ -27,8 +26,8 @@ class PgListener:
     handler is called once with an empty payload: something may have been announced
     while nobody listened."""
 
-    def __init__(self, url: URL, handlers: Mapping[str, Callable[[str], None]]) -> None:
-        self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    def __init__(self, conninfo: str, handlers: Mapping[str, Callable[[str], None]]) -> None:
+        self._conninfo = conninfo
         self._handlers = dict(handlers)
         self._stop = threading.Event()
         self._thread = named_thread(self._run, "pg-listener")

@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.engine import Dialect
 
 from core.store.database import Database
 from core.store.driver import sqlalchemy_error
+from core.store.libpq import libpq_conninfo
 
 if TYPE_CHECKING:
     from psycopg import AsyncCursor
@@ -27,8 +28,7 @@ if TYPE_CHECKING:
 
 class AutocommitConnections:
     def __init__(self, db: Database) -> None:
-        url = make_url(db.engine.url).set(drivername="postgresql")
-        self._conninfo = url.render_as_string(hide_password=False)
+        self._conninfo = libpq_conninfo(db.engine)
         self.dialect: Dialect = db.engine.dialect
         self._idle: list[AsyncCursor[Any]] = []  # one cursor per connection, kept with it
 

@@ -17,6 +17,7 @@ from core.idempotency import IdempotencyClaim
 from core.store import new_tasks
 from core.store.births import NewTask
 from core.store.database import Database
+from core.store.libpq import libpq_conninfo
 from core.store.new_tasks import Enqueued
 from core.tables import task_events, tasks
 from handlers import arrivals as arrivals_module
@@ -130,7 +131,7 @@ def test_postgresql_answers_a_request_while_an_earlier_batch_still_waits(
     earlier batch waits (here, on a key another transaction holds) is answered first."""
     import psycopg
 
-    dsn = db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    dsn = libpq_conninfo(db.engine)
     enqueuer = Enqueuer(db, idempotency_ttl_ms=60_000)
     order: list[str] = []
 

@@ -13,6 +13,7 @@ import pytest
 from core.settings import Settings
 from core.states import OnRestart, Status
 from core.store.database import Database
+from core.store.libpq import libpq_conninfo
 from scheduler.attempt import Outcome
 from scheduler.workers import Workers
 from tests.engines import expected_text
@@ -112,7 +113,7 @@ def test_a_claim_fills_the_slots_whose_completions_still_wait_for_their_commit(
     settings = replace(fast, worker_concurrency=2)
     first = [new_task(db, model_id, input="words=1") for _ in range(2)]
     workers = Workers(db, settings)
-    dsn = db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    dsn = libpq_conninfo(db.engine)
     try:
         with psycopg.connect(dsn) as blocker:  # their completion waits for these rows
             blocker.execute("SELECT 1 FROM responses WHERE task_id = ANY(%s) FOR UPDATE",

@@ -1,0 +1,65 @@
+"""What taskward's PostgreSQL connections are made with, whoever makes them: the pool
+(`core.store.connect`), the listener and the API's batch connections."""
+
+from __future__ import annotations
+
+import math
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL
+
+_IDLE_IN_TRANSACTION = "idle_in_transaction_session_timeout"
+
+
+def with_bounds(url: URL, wait_seconds: float) -> URL:
+    """`url` with libpq's network timeouts and a bound on idle transactions, each
+    unless the URL sets it already; all of them from `wait_seconds`
+    (`TASKWARD_STORE_WAIT_SECONDS`).
+
+    A PostgreSQL host that vanishes (a failover, a partition dropping packets) answers
+    nothing, not even a reset: without the timeouts a connection waits on the kernel,
+    ~15 minutes for a write to go unacknowledged and for ever for a reply, and every
+    store thread that touches it with it. With them such a connection fails after
+    about `wait_seconds` of silence from the host's TCP stack, is dropped from the
+    pool, and the next call connects afresh (each connect bounded too). A server that
+    is slow but up keeps its connections: its kernel still acknowledges and answers
+    keepalives.
+
+    The other way round, a taskward process stopped or cut off in the middle of a
+    transaction holds that transaction's row locks for as long as the server keeps its
+    session: lease expiry, cancels and every other writer of those tasks would wait
+    behind them. The server ends a session left idle inside a transaction for
+    `wait_seconds` (`idle_in_transaction_session_timeout`), rolling it back; taskward
+    never leaves a transaction idle for long, it only ever waits on the store inside
+    one. The listener and the API's own batch connections connect with the pool's
+    parameters (`libpq_conninfo`), so they carry the same bounds.
+    """
+    wait = max(2, math.ceil(wait_seconds))  # libpq's least connect_timeout is 2 s
+    bounds = {
+        "connect_timeout": str(wait),
+        "keepalives": "1",
+        "keepalives_idle": str(max(1, wait // 2)),
+        "keepalives_interval": str(max(1, wait // 6)),
+        "keepalives_count": "3",
+        "tcp_user_timeout": str(wait * 1000),
+    }
+    query = {k: v for k, v in bounds.items() if k not in url.query}
+    given = url.query.get("options", "")
+    options = given if isinstance(given, str) else " ".join(given)  # named more than once
+    if _IDLE_IN_TRANSACTION not in options:
+        session = f"-c {_IDLE_IN_TRANSACTION}={math.ceil(wait_seconds * 1000)}"
+        query["options"] = f"{options} {session}".strip()
+    return url.update_query_dict(query)
+
+
+def libpq_conninfo(engine: Engine) -> str:
+    """The libpq connection string the PostgreSQL `engine`'s pool connects with (its
+    URL's query too: the bounds above, an operator's `options`), for the connections
+    taskward makes without SQLAlchemy (the listener, the API's batch connections).
+    The URL rendered back to text would not do: it writes a space as `+`, which libpq
+    reads as itself."""
+    from psycopg.conninfo import make_conninfo  # SQLite processes never load psycopg
+
+    _, params = engine.dialect.create_connect_args(engine.url)
+    params.pop("context", None)  # SQLAlchemy's type adapters, not a connection parameter
+    return make_conninfo(**params)
