@@ -25,21 +25,18 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from core.store.database import Database
-from core.thread_names import name_pool_thread
+from core.thread_names import DaemonThreadPool
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="taskward-store",
-                           initializer=name_pool_thread)
-_SINGLE_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskward-single-writer",
-                                    initializer=name_pool_thread)
+_POOL = DaemonThreadPool(8, "taskward-store")
+_SINGLE_WRITER = DaemonThreadPool(1, "taskward-single-writer")
 
 
 _wait_seconds = 30.0  # the process's bound (`bound_waits`), the setting's default
@@ -97,11 +94,11 @@ async def group_writing(
     return await _run(_writers(db), functools.partial(function, *args, **kwargs))
 
 
-def _writers(db: Database) -> ThreadPoolExecutor:
+def _writers(db: Database) -> DaemonThreadPool:
     return _SINGLE_WRITER if db.single_writer else _POOL
 
 
-async def _bounded(pool: ThreadPoolExecutor, call: Callable[[], T]) -> T:
+async def _bounded(pool: DaemonThreadPool, call: Callable[[], T]) -> T:
     try:
         async with asyncio.timeout(_wait_seconds):
             return await _run(pool, call)
@@ -109,5 +106,5 @@ async def _bounded(pool: ThreadPoolExecutor, call: Callable[[], T]) -> T:
         raise StoreTimeout from None
 
 
-async def _run(pool: ThreadPoolExecutor, call: Callable[[], T]) -> T:
+async def _run(pool: DaemonThreadPool, call: Callable[[], T]) -> T:
     return await asyncio.get_running_loop().run_in_executor(pool, call)

@@ -29,7 +29,6 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -38,7 +37,7 @@ from core.engines.upstream.routing import ROUTER
 from core.settings import Settings
 from core.store import claims
 from core.store.database import Database
-from core.thread_names import name_pool_thread
+from core.thread_names import DaemonThreadPool
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
 from scheduler.group_commit import GroupCommit, gather
@@ -102,9 +101,7 @@ class Workers:
         # (its own among them) while the slot's next attempt runs: twice the threads,
         # never more attempts than slots.
         threads = 2 * sum(self._slots.values())
-        self._executor = ThreadPoolExecutor(max_workers=threads,
-                                            thread_name_prefix="taskward-runner",
-                                            initializer=name_pool_thread)
+        self._executor = DaemonThreadPool(threads, "taskward-runner")
         self._engines = EngineThreads(idle_limit=threads)
         self._handoffs = Handoffs(after_seconds=_RUNNER_AFTER_SECONDS)
         self._keeper.start()

@@ -28,10 +28,10 @@ from core.tables import tasks
 from handlers.enqueuing import PARALLEL_BATCHES
 from scheduler.workers import ENGINE_JOIN_SECONDS, HAND_BACK_GRACE_SECONDS
 from tests.api.helpers import register_test_model
-from tests.api.served import Service, process, running_service, service_env
+from tests.api.served import Service, process, running_service, service_env, wait_ready
 from tests.pg_cluster import PgCluster, migrated_cluster
 from tests.scheduler.helpers import enqueue_many
-from tests.scheduler.processes import wait_until
+from tests.scheduler.processes import free_port, wait_until
 from tests.store.helpers import task_row
 
 WAIT_SECONDS = 1.0  # TASKWARD_STORE_WAIT_SECONDS of the served process
@@ -217,3 +217,21 @@ def test_a_busy_sweeper_stops_within_its_bounds_while_the_store_stalls(
     with process(["sweeper"], env, tmp_path / "sweeper-after.log"):
         wait_until(lambda: all(task_row(store, t).status == Status.COMPLETED for t in streaming),
                    timeout=60, what="the handed-over tasks finished once the store answers")
+
+
+def test_serve_stops_at_once_while_a_request_it_gave_up_on_still_waits_on_the_store(
+    cluster: PgCluster, tmp_path: Path
+) -> None:
+    """The request was answered 503 at the bound; its store thread still waits on the
+    stalled store. SIGTERM ends the process anyway: that thread does not hold its exit."""
+    env = {**service_env(cluster.url, tmp_path / "models"),
+           "TASKWARD_STORE_WAIT_SECONDS": str(WAIT_SECONDS)}
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with process(["serve", "--port", str(port), "--workers", "1"], env, log) as server:
+        wait_ready(f"http://127.0.0.1:{port}", server, log)
+        with cluster.stalled():
+            assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=30).status_code == 503
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=10 * SLACK_SECONDS)
+    assert server.returncode == 0
