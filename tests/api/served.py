@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 class Service:
     base_url: str
     env: dict[str, str]
+    server: subprocess.Popen[bytes] | None = None  # `running_service`'s `taskward serve`
 
     def cli(self, *args: str) -> str:
         """Run an operator command against the same store; its standard output."""
@@ -106,4 +107,4 @@ def running_service(
         if sweeper:
             stack.enter_context(process(["sweeper"], env, workdir / "sweeper.log"))
         wait_ready(base_url, server, workdir / "serve.log")
-        yield Service(base_url, env)
+        yield Service(base_url, env, server)

@@ -28,10 +28,10 @@ from core.tables import tasks
 from handlers.enqueuing import PARALLEL_BATCHES
 from scheduler.workers import ENGINE_JOIN_SECONDS, HAND_BACK_GRACE_SECONDS
 from tests.api.helpers import register_test_model
-from tests.api.served import Service, process, running_service, service_env, wait_ready
+from tests.api.served import Service, process, running_service, service_env
 from tests.pg_cluster import PgCluster, migrated_cluster
 from tests.scheduler.helpers import enqueue_many
-from tests.scheduler.processes import free_port, wait_until
+from tests.scheduler.processes import wait_until
 from tests.store.helpers import task_row
 
 WAIT_SECONDS = 1.0  # TASKWARD_STORE_WAIT_SECONDS of the served process
@@ -178,11 +178,17 @@ def test_a_stream_the_stalled_store_cuts_off_ends_whole_and_resumes(
         assert resumed.status_code == 200 and resumed.json()["data"] == []
 
 
+def sweeper_env(cluster: PgCluster, workdir: Path, **settings: str) -> dict[str, str]:
+    """A sweeper's environment over the cluster, its leases short (3 s, renewed each
+    second) so a stall outlasts one; `settings`: more `TASKWARD_*` variables."""
+    return {**service_env(cluster.url, workdir / "models"), "TASKWARD_LEASE_SECONDS": "3",
+            "TASKWARD_HEARTBEAT_SECONDS": "1", **settings}
+
+
 def test_a_sweeper_works_on_once_a_stalled_store_answers(
     cluster: PgCluster, store: Database, tmp_path: Path
 ) -> None:
-    env = {**service_env(cluster.url, tmp_path / "models"), "TASKWARD_LEASE_SECONDS": "3",
-           "TASKWARD_HEARTBEAT_SECONDS": "1"}
+    env = sweeper_env(cluster, tmp_path)
     with process(["sweeper"], env, tmp_path / "sweeper.log"):
         before = enqueue_many(store, "words", 5)
         wait_until(lambda: all(task_row(store, t).status == Status.COMPLETED for t in before),
@@ -200,8 +206,7 @@ def test_a_busy_sweeper_stops_within_its_bounds_while_the_store_stalls(
     """SIGTERM mid-stream with the store stalled: the drain, the hand-back's grace and
     the lease keeper's join are each bounded, so the process exits instead of waiting
     on the store for good; its tasks are finished by the next sweeper once it answers."""
-    env = {**service_env(cluster.url, tmp_path / "models"), "TASKWARD_LEASE_SECONDS": "3",
-           "TASKWARD_HEARTBEAT_SECONDS": "1", "TASKWARD_DRAIN_SECONDS": str(DRAIN_SECONDS)}
+    env = sweeper_env(cluster, tmp_path, TASKWARD_DRAIN_SECONDS=str(DRAIN_SECONDS))
     streaming = enqueue_many(store, "words", 2, input="words=60 delay=0.1")  # both slots
     with process(["sweeper"], env, tmp_path / "sweeper.log") as child:
         wait_until(lambda: all(task_row(store, t).status == Status.RUNNING for t in streaming),
@@ -224,14 +229,11 @@ def test_serve_stops_at_once_while_a_request_it_gave_up_on_still_waits_on_the_st
 ) -> None:
     """The request was answered 503 at the bound; its store thread still waits on the
     stalled store. SIGTERM ends the process anyway: that thread does not hold its exit."""
-    env = {**service_env(cluster.url, tmp_path / "models"),
-           "TASKWARD_STORE_WAIT_SECONDS": str(WAIT_SECONDS)}
-    port = free_port()
-    log = tmp_path / "serve.log"
-    with process(["serve", "--port", str(port), "--workers", "1"], env, log) as server:
-        wait_ready(f"http://127.0.0.1:{port}", server, log)
+    with serving(cluster, tmp_path) as service:
+        server = service.server
+        assert server is not None
         with cluster.stalled():
-            assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=30).status_code == 503
+            assert httpx.get(f"{service.base_url}/readyz", timeout=30).status_code == 503
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=10 * SLACK_SECONDS)
     assert server.returncode == 0
