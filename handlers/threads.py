@@ -30,7 +30,7 @@ from typing import ParamSpec, TypeVar
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from core.store.database import Database
-from core.thread_names import DaemonThreadPool
+from core.thread_pool import DaemonThreadPool
 
 P = ParamSpec("P")
 T = TypeVar("T")

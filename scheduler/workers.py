@@ -37,7 +37,7 @@ from core.engines.upstream.routing import ROUTER
 from core.settings import Settings
 from core.store import claims
 from core.store.database import Database
-from core.thread_names import DaemonThreadPool
+from core.thread_pool import DaemonThreadPool
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
 from scheduler.group_commit import GroupCommit, gather
