@@ -33,8 +33,7 @@ from tests.pg_cluster import migrated_cluster
 
 WAIT_SECONDS = 2
 GIVE_UP_SECONDS = 60  # far past the bound: a call still running then is hung
-_RULE = ["rule", "add", "to", "127.0.0.1", "lookup", "109", "pref", "9"]
-_ROUTE = ["route", "add", "blackhole", "127.0.0.1", "table", "109"]
+_BLACK_HOLE_RULE = "9"  # the preference of the rule that sends loopback to table 109
 
 
 def _ip(*args: str) -> None:
@@ -46,12 +45,12 @@ def _isolated() -> None:
     127.0.0.1 before any other rule, so it moves behind the black hole's rule."""
     _ip("rule", "add", "pref", "100", "lookup", "local")
     _ip("rule", "del", "pref", "0")
-    _ip(*_ROUTE)
-    _ip(*_RULE)
+    _ip("route", "add", "blackhole", "127.0.0.1", "table", "109")
+    _ip("rule", "add", "to", "127.0.0.1", "lookup", "109", "pref", _BLACK_HOLE_RULE)
 
 
 def _reachable() -> None:
-    _ip(*[("del" if word == "add" else word) for word in _RULE])
+    _ip("rule", "del", "pref", _BLACK_HOLE_RULE)
 
 
 def _timed(call: Callable[[], object]) -> dict[str, Any]:
