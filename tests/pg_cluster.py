@@ -36,6 +36,13 @@ class PgCluster:
     def url(self) -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
+    def start(self) -> None:
+        """Start the server (again, after `stop`) on the same port and data."""
+        _run(["pg_ctl", "-D", str(self.directory / "data"), "-l",
+              str(self.directory / "server.log"), "-w", "-o",
+              f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off",
+              "start"])
+
     def stop(self) -> None:
         """Stop at once (`-m immediate`), as a crashed or unplugged server would."""
         _run(["pg_ctl", "-D", str(self.directory / "data"), "-m", "immediate", "-w", "stop"])
@@ -78,9 +85,7 @@ def private_cluster() -> Iterator[PgCluster]:
     data = directory / "data"
     try:
         _run(["initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"])
-        _run(["pg_ctl", "-D", str(data), "-l", str(directory / "server.log"), "-w", "-o",
-              f"-p {cluster.port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off",
-              "start"])
+        cluster.start()
         yield cluster
     finally:
         subprocess.run(_argv(["pg_ctl", "-D", str(data), "-m", "immediate", "stop"]),

@@ -17,6 +17,10 @@ from core.thread_names import named_thread
 log = logging.getLogger(__name__)
 
 _RECONNECT_SECONDS = 1.0
+# While the store is down the listener fails once per `_RECONNECT_SECONDS`: the first
+# failure is logged, then one reminder per this many, so an outage of an hour is a
+# few dozen lines in the operator's log, not thousands.
+_FAILURES_PER_REMINDER = 60
 _LISTEN_TICK_SECONDS = 0.5  # how often the listener looks at its stop flag
 
 
@@ -24,7 +28,8 @@ class PgListener:
     """A thread holding one LISTEN connection for `handlers` (channel -> function of
     the payload); it reconnects after any error. After each (re)connection every
     handler is called once with an empty payload: something may have been announced
-    while nobody listened."""
+    while nobody listened. An outage is logged when it starts, about once a minute
+    while it lasts, and when LISTEN is back."""
 
     def __init__(self, conninfo: str, handlers: Mapping[str, Callable[[str], None]]) -> None:
         self._conninfo = conninfo
@@ -40,16 +45,24 @@ class PgListener:
         self._thread.join()
 
     def _run(self) -> None:
+        failures = 0  # in a row, since LISTEN last held
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._conninfo, autocommit=True) as conn:
                     for channel in self._handlers:
                         conn.execute(f"LISTEN {channel}")
+                    if failures:
+                        log.info("LISTEN is back after %d failed attempts", failures)
+                        failures = 0
                     for handle in self._handlers.values():
                         handle("")
                     while not self._stop.is_set():
                         for notice in conn.notifies(timeout=_LISTEN_TICK_SECONDS):
                             self._handlers[notice.channel](notice.payload)
             except psycopg.Error as exc:
-                log.warning("LISTEN failed (%s); retrying", type(exc).__name__)
+                failures += 1
+                if failures % _FAILURES_PER_REMINDER == 1:
+                    log.warning("LISTEN failed (%s, %d in a row); retrying every %.0fs, "
+                                "new work is found by polling meanwhile",
+                                type(exc).__name__, failures, _RECONNECT_SECONDS)
                 self._stop.wait(_RECONNECT_SECONDS)
