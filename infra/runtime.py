@@ -8,12 +8,14 @@ the API and the sweeper loop, started together in granian's worker process.
 The sweeper shares that process's `Database` with the API, so an enqueue wakes it
 in-process (the only push SQLite has). Ctrl-C / SIGTERM reach granian, which shuts the
 app down: the shutdown hook stops the loop gracefully (drain, then hand back) before
-the database closes.
+the database closes; a second Ctrl-C cuts the drain short.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 from dataclasses import dataclass
 
 from litestar import Litestar
@@ -91,8 +93,23 @@ def all_in_one_app() -> Litestar:
         loops.append(loop)
 
     async def stop_sweeper() -> None:
+        hurry = threading.Event()
+        _hurry_on_interrupt(hurry)
         # The drain blocks for up to TASKWARD_DRAIN_SECONDS: keep the event loop free.
         for loop in loops:
-            await asyncio.to_thread(loop.stop)
+            await asyncio.to_thread(loop.stop, hurry=hurry)
 
     return serving_app(settings, on_startup=[start_sweeper], on_shutdown=[stop_sweeper])
+
+
+def _hurry_on_interrupt(hurry: threading.Event) -> None:
+    """A Ctrl-C from here on (the drain has begun) sets `hurry`: the second Ctrl-C in a
+    terminal hands back at once, as it does for `taskward sweeper`. Only SIGINT counts.
+    The first Ctrl-C reaches this worker process directly, before the shutdown that
+    calls this began, and granian's main process then sends it a SIGTERM, which must
+    not pass for a second request (nor must a SIGTERM sent to the whole group, as
+    systemd does)."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, hurry.set)
+    except (NotImplementedError, RuntimeError):  # not the main thread: the drain runs out
+        return

@@ -4,7 +4,8 @@ run it to an outcome.
 The pass keeps refilling slots as attempts finish, until nothing is due. It stops
 taking new work once it has been claiming for one execution timeout, so a pass under a
 steady stream of work still ends (each attempt is bounded by the same timeout). A stop
-request (SIGTERM) ends claiming at once and drains like the loop does.
+request (SIGTERM) ends claiming at once and drains like the loop does; a second one
+(`hurry`) hands back what still runs at once.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from scheduler.attempt import Outcome
 from scheduler.workers import Workers
 
 
-def execute_due(db: Database, settings: Settings, *, stop: threading.Event) -> dict[str, Any]:
-    """`{"claimed": n, <outcome>: n, …}` for every outcome of `Outcome`."""
+def execute_due(db: Database, settings: Settings, *, stop: threading.Event,
+                hurry: threading.Event | None = None) -> dict[str, Any]:
+    """`{"claimed": n, <outcome>: n, …}` for every outcome of `Outcome`; `hurry` cuts
+    the drain after `stop` short."""
     slot_freed = threading.Event()
     workers = Workers(db, settings, on_slot_freed=slot_freed.set)
     poll = settings.poll_interval_ms / 1000
@@ -41,5 +44,5 @@ def execute_due(db: Database, settings: Settings, *, stop: threading.Event) -> d
             slot_freed.wait(poll)
             slot_freed.clear()
     finally:
-        workers.stop(drain_seconds=settings.drain_seconds)
+        workers.stop(drain_seconds=settings.drain_seconds, hurry=hurry)
     return {"claimed": workers.claimed, **{o.value: workers.outcomes[o] for o in Outcome}}

@@ -34,8 +34,8 @@ order: the listener wakes the claimer once it listens, for whatever was announce
 before, and maintenance never was ordered before claiming (they run on two threads).
 
 `stop` is the graceful stop of docs/operations.md: no new claims, running attempts drain
-until `TASKWARD_DRAIN_SECONDS`, what is left is handed back. Every thread started here
-is joined there.
+until `TASKWARD_DRAIN_SECONDS` (or until a second signal), what is left is handed back.
+Every thread started here is joined there.
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ class SweeperLoop:
             self._listener.start()
         self._maintenance.start()
 
-    def stop(self) -> None:
-        """Graceful stop; returns once every thread of the loop has ended."""
+    def stop(self, *, hurry: threading.Event | None = None) -> None:
+        """Graceful stop, its drain cut short once `hurry` is set; returns once every
+        thread of the loop has ended."""
         self._stopping.set()
         self._caught_up.set()  # a start's pass still waiting gives up
         self._unlisten()
@@ -102,7 +103,7 @@ class SweeperLoop:
             self._listener.stop()
         self._maintenance.stop()
         if self._workers is not None:
-            self._workers.stop(drain_seconds=self._settings.drain_seconds)
+            self._workers.stop(drain_seconds=self._settings.drain_seconds, hurry=hurry)
 
     def _claim_loop(self) -> None:
         assert self._workers is not None

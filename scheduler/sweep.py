@@ -24,10 +24,12 @@ from scheduler.claiming import execute_due
 from scheduler.fire_schedules import fire_due
 
 
-def sweep_once(db: Database, settings: Settings, *, stop: threading.Event) -> dict[str, Any]:
-    """Run one pass; the summary `taskward sweep --json` prints."""
+def sweep_once(db: Database, settings: Settings, *, stop: threading.Event,
+               hurry: threading.Event | None = None) -> dict[str, Any]:
+    """Run one pass; the summary `taskward sweep --json` prints. `stop` ends its
+    claiming and drains step 2's attempts, `hurry` cuts that drain short."""
     summary: dict[str, Any] = {"expired": leases.expire(db)}
-    summary.update(execute_due(db, settings, stop=stop))
+    summary.update(execute_due(db, settings, stop=stop, hurry=hurry))
     summary.update(_after_execution(db, settings))
     return summary
 

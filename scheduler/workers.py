@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 HAND_BACK_GRACE_SECONDS = 10  # for runners to write their releases after the drain
 ENGINE_JOIN_SECONDS = 5  # an engine that ignores `should_stop` is left to process exit
+_HURRY_CHECK_SECONDS = 0.1  # how often a drain looks whether it was cut short
 # Short tasks share transactions: a claim waits for the slots freeing with the first one,
 # a completion for the attempts ending with it, at most `_GATHER_SECONDS` in all and
 # never `_QUIET_SECONDS` without one more (see `gather`): long work hardly waits.
@@ -346,10 +347,11 @@ class Workers:
                 self._idle.wait(left)
             return True
 
-    def stop(self, *, drain_seconds: float) -> None:
+    def stop(self, *, drain_seconds: float, hurry: threading.Event | None = None) -> None:
         """Graceful stop (the caller has stopped claiming): let running attempts finish
-        for `drain_seconds`, then hand the rest back (attempt refunded, snapshot kept)."""
-        idle = self.wait_idle(drain_seconds)
+        for `drain_seconds`, or until `hurry` is set (an operator's second Ctrl-C), then
+        hand the rest back (attempt refunded, snapshot kept)."""
+        idle = self._drain(drain_seconds, hurry)
         if not idle:
             with self._lock:
                 left = list(self._active.values())
@@ -370,6 +372,23 @@ class Workers:
             log.warning("the lease keeper is still waiting on the store; its leases will expire")
         for name in self._engines.stop(ENGINE_JOIN_SECONDS):
             log.warning("engine thread %s ignores should_stop; left to process exit", name)
+
+    def _drain(self, seconds: float, hurry: threading.Event | None) -> bool:
+        """`wait_idle(seconds)`, cut short once `hurry` is set. A signal handler sets
+        `hurry` and must not take this object's lock (the signal may land while its own
+        thread holds it), so the drain looks at the event every `_HURRY_CHECK_SECONDS`
+        instead of being woken by it."""
+        if hurry is None:
+            return self.wait_idle(seconds)
+        deadline = time.monotonic() + seconds
+        while not hurry.is_set():
+            left = deadline - time.monotonic()
+            if self.wait_idle(min(left, _HURRY_CHECK_SECONDS)):
+                return True
+            if left <= _HURRY_CHECK_SECONDS:
+                return False
+        log.info("stop signalled again: ending the drain now")
+        return self.wait_idle(0)
 
 
 def _record_upstream_reports(db: Database) -> None:

@@ -11,7 +11,7 @@ import gc
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 import click
@@ -66,9 +66,9 @@ def sweep(as_json: bool) -> None:
     with collector_paused():
         from scheduler.sweep import sweep_once
     settings = _worker_settings()
-    stop = threading.Event()
-    with database(settings) as db, _stop_on_signals(stop.set):
-        summary = sweep_once(db, settings, stop=stop)
+    stop, hurry = threading.Event(), threading.Event()
+    with database(settings) as db, _stop_on_signals(stop, hurry):
+        summary = sweep_once(db, settings, stop=stop, hurry=hurry)
     emit(summary, as_json=True)
 
 
@@ -77,7 +77,7 @@ def sweep(as_json: bool) -> None:
               help="Maintenance passes (overrides TASKWARD_SWEEP_SCHEDULE).")
 def sweeper(schedule: str | None) -> None:
     """Long-running sweeper: continuous claiming, maintenance on a cron schedule."""
-    stop = threading.Event()
+    stop, hurry = threading.Event(), threading.Event()
     with ExitStack() as running:
         # From exec to the first claim, the garbage collector would only rescan what
         # start-up allocates for good (see `infra.cli`); `start` returns after the claim.
@@ -87,15 +87,16 @@ def sweeper(schedule: str | None) -> None:
 
             settings = _worker_settings(**({"sweep_schedule": schedule} if schedule else {}))
             db = running.enter_context(database(settings))
-            running.enter_context(_stop_on_signals(stop.set))
+            running.enter_context(_stop_on_signals(stop, hurry))
             loop = SweeperLoop(db, settings)
             loop.start()
         gc.set_threshold(_SWEEPER_YOUNG_THRESHOLD)
         log.info("sweeper started (node %s)", settings.node_id)
         while not stop.wait(0.5):
             pass
-        log.info("stopping: draining for up to %ss", settings.drain_seconds)
-        loop.stop()
+        log.info("stopping: draining for up to %ss (signal again to hand back at once)",
+                 settings.drain_seconds)
+        loop.stop(hurry=hurry)
 
 
 @click.command()
@@ -138,9 +139,15 @@ def _worker_settings(**overrides: object) -> Settings:
 
 
 @contextmanager
-def _stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
-    """SIGTERM and SIGINT call `stop` (a graceful stop) instead of killing mid-write."""
-    previous = {signum: signal.signal(signum, lambda *_: stop())
+def _stop_on_signals(stop: threading.Event, hurry: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set `stop` (a graceful stop) instead of killing mid-write; a
+    second one sets `hurry` (hand back at once instead of waiting out the drain), as
+    an operator who presses Ctrl-C twice expects."""
+
+    def signalled(_signum: int, _frame: object) -> None:
+        (hurry if stop.is_set() else stop).set()
+
+    previous = {signum: signal.signal(signum, signalled)
                 for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield

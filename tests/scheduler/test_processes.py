@@ -8,11 +8,14 @@ deterministic test engine through TASKWARD_ENGINE_MODULES, and are killed by the
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 from collections import Counter
 from dataclasses import replace
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 
 from core.settings import Settings
@@ -199,6 +202,52 @@ def test_sigterm_drains_running_work_then_hands_back_the_rest(
     kept = task_row(db, resume)
     assert (kept.status, kept.attempts, kept.owner_token) == (Status.RUNNING, 0, None)
     assert json.loads(kept.snapshot_json)["pos"] == len(streamed_text(db, resume).split())
+
+
+@pytest.mark.parametrize("command", ["sweeper", "sweep"])
+def test_a_second_sigterm_hands_back_at_once_instead_of_waiting_out_the_drain(
+    db: Database, settings: Settings, model_id: str, children: Children, command: str
+) -> None:
+    env = environment(settings, drain_seconds=120, flush_interval_ms=50)
+    retry = new_task(db, model_id, input="words=3000 delay=0.05")
+    resume = new_task(db, model_id, input="words=3000 delay=0.05", on_restart=OnRestart.RESUME)
+    worker = children.start(env, command)
+    wait_until(lambda: streamed_text(db, retry) and streamed_text(db, resume), timeout=30,
+               what="tasks streaming")
+
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(1)  # the first signal is handled: the drain has begun
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+
+    assert "ending the drain now" in children.log_of(0)
+    queued = task_row(db, retry)
+    assert (queued.status, queued.attempts, queued.owner_token) == (Status.QUEUED, 0, None)
+    kept = task_row(db, resume)
+    assert (kept.status, kept.attempts, kept.owner_token) == (Status.RUNNING, 0, None)
+    assert json.loads(kept.snapshot_json)["pos"] == len(streamed_text(db, resume).split())
+
+
+def test_a_second_ctrl_c_ends_the_drain_of_run_and_the_first_does_not(
+    db: Database, settings: Settings, model_id: str, children: Children
+) -> None:
+    """Ctrl-C reaches every process of the terminal's group: granian's main process and
+    its worker, which then also gets a SIGTERM from the main one; that must not pass
+    for a second Ctrl-C."""
+    env = environment(settings, drain_seconds=120, flush_interval_ms=50)
+    task_id = new_task(db, model_id, input="words=3000 delay=0.05")
+    server = children.start(env, "run", "--port", str(free_port()))
+    wait_until(lambda: streamed_text(db, task_id), timeout=60, what="the task streaming")
+
+    os.killpg(server.pid, signal.SIGINT)
+    time.sleep(2)
+    assert server.poll() is None, "one Ctrl-C ended the drain"
+    os.killpg(server.pid, signal.SIGINT)
+    assert server.wait(timeout=20) == 0
+
+    assert "ending the drain now" in children.log_of(0)
+    queued = task_row(db, task_id)
+    assert (queued.status, queued.attempts, queued.owner_token) == (Status.QUEUED, 0, None)
 
 
 def test_run_serves_the_api_and_stops_cleanly_on_sigterm(
