@@ -11,6 +11,7 @@ import gc
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
@@ -32,6 +33,11 @@ log = logging.getLogger(__name__)
 # drain of 5,000 no-op tasks per process went ~40 -> ~4 ms (issue 15). Memory held by
 # garbage cycles waits a little longer; nothing else changes.
 _SWEEPER_YOUNG_THRESHOLD = 20_000
+# How often the sweeper's main thread looks whether a signal asked it to stop. It
+# sleeps rather than waiting on the `stop` event: a signal's handler runs on this
+# thread between two bytecodes, and one landing while `Event.wait` held the event's
+# lock would have deadlocked the handler's `set` (the lock is not reentrant).
+_STOP_CHECK_SECONDS = 0.2
 
 
 @click.command()
@@ -92,8 +98,8 @@ def sweeper(schedule: str | None) -> None:
             loop.start()
         gc.set_threshold(_SWEEPER_YOUNG_THRESHOLD)
         log.info("sweeper started (node %s)", settings.node_id)
-        while not stop.wait(0.5):
-            pass
+        while not stop.is_set():
+            time.sleep(_STOP_CHECK_SECONDS)
         log.info("stopping: draining for up to %ss (signal again to hand back at once)",
                  settings.drain_seconds)
         loop.stop(hurry=hurry)
