@@ -1,10 +1,13 @@
-"""A taskward process stopped (SIGSTOP, a paused VM) or cut off in the middle of a
-PostgreSQL transaction holds that transaction's row locks for as long as the server
-keeps its session: lease expiry, cancels and every other writer of its tasks wait
-behind them. The server ends a session left idle inside a transaction for
-`TASKWARD_STORE_WAIT_SECONDS` (`core.store.connect`). Here the stopped process is a
-thread of this one, held inside `Database.write` on a connection of taskward's own
-engine; the server and the locks are real."""
+"""The bounds `TASKWARD_STORE_WAIT_SECONDS` puts on every PostgreSQL connection
+(`core.store.libpq`), and the URL's own settings beside them.
+
+A taskward process stopped (SIGSTOP, a paused VM) or cut off in the middle of a
+transaction holds that transaction's row locks for as long as the server keeps its
+session: lease expiry, cancels and every other writer of its tasks wait behind them.
+The server ends a session left idle inside a transaction for the bound. Here the
+stopped process is a thread of this one, held inside `Database.write` on a connection
+of taskward's own engine; the server and the locks are real. (A vanished host is
+`test_network_partition.py`.)"""
 
 from __future__ import annotations
 
