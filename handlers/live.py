@@ -109,6 +109,7 @@ class LiveTail:
         self._idle = True  # the poll thread sleeps until `_work` is set, with no timeout
         self._poller: threading.Thread | None = None
         self._unlisten: Callable[[], None] = lambda: None
+        self._closing = False  # set by `close_waits`: the server is going away
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -142,6 +143,22 @@ class LiveTail:
         if self._poller is not None:
             await asyncio.to_thread(self._poller.join, _STOP_SECONDS)
 
+    @property
+    def closing(self) -> bool:
+        """True once `close_waits` has run: whoever waits answers with what it has."""
+        return self._closing
+
+    def close_waits(self) -> None:
+        """The server is stopping (on the loop's thread): wake every waiter now and let
+        no later wait block, so every stream and long-poll ends at once. granian waits
+        for each open connection to end before the app's shutdown hooks run (and, in
+        `taskward run`, before its sweeper's drain), and an SSE stream of a queued task
+        would never end by itself: its client resumes from the last `id` it read."""
+        self._closing = True
+        for waiting in list(self._waiters.values()):
+            for waiter in waiting:
+                waiter.read()
+
     async def wait(self, task_id: str, seen_seq: int, timeout: float) -> bool:
         """True once the task's log holds events after `seen_seq` (or the task is gone),
         or may hold them (a local commit logged some); False when `timeout` seconds pass
@@ -153,7 +170,10 @@ class LiveTail:
     ) -> Sequence[LoggedEvent] | None:
         """As `wait`, with what woke it: the events after `seen_seq`, gapless and in
         order, as a commit of this process logged them; or `()`: read the log, which
-        holds (or may hold) more. None when `timeout` seconds pass first."""
+        holds (or may hold) more. None when `timeout` seconds pass first. Once
+        `closing`, `()` at once."""
+        if self._closing:
+            return ()
         waiter = _Waiter(seen_seq, asyncio.get_running_loop().create_future())
         self._waiters.setdefault(task_id, []).append(waiter)
         # The poll thread needs waking when it sleeps for want of waiters, and for a
@@ -240,12 +260,13 @@ async def settled(
     db: Database, tail: LiveTail, task_id: str, owner: str | None, timeout: float,
     *, read: Callable[[Database, str, str | None], Row[Any]] = get_task,
 ) -> Row[Any]:
-    """The task once it is finished, or as it stands after `timeout` seconds, as `read`
-    gives it (`core.store.tasks.get_response` for a response object)."""
+    """The task once it is finished, or as it stands after `timeout` seconds or once
+    the server is stopping, as `read` gives it (`core.store.tasks.get_response` for a
+    response object)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     task = await blocking(read, db, task_id, owner)
-    while Status(task.status) not in TERMINAL:
+    while Status(task.status) not in TERMINAL and not tail.closing:
         remaining = deadline - loop.time()
         if remaining <= 0:
             break

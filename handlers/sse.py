@@ -192,10 +192,14 @@ async def _quiet_until_more(
     tail: LiveTail, task_id: str, after: int, still_allowed: StillAllowed
 ) -> AsyncIterator[bytes | Sequence[LoggedEvent] | None]:
     """While the log holds nothing after `after`: a keep-alive every `KEEPALIVE_SECONDS`,
-    the caller's token checked every `AUTH_RECHECK_SECONDS` (None once it is revoked);
-    last, what woke it (`LiveTail.next_events`: the events, or `()` to read the log)."""
+    the caller's token checked every `AUTH_RECHECK_SECONDS` (None once it is revoked,
+    or once the server is stopping: `LiveTail.close_waits`); last, what woke it
+    (`LiveTail.next_events`: the events, or `()` to read the log)."""
     idle = 0.0
     while True:
+        if tail.closing:
+            yield None
+            return
         step = min(AUTH_RECHECK_SECONDS, KEEPALIVE_SECONDS)
         heard = await tail.next_events(task_id, after, step)
         if heard is not None:

@@ -3,13 +3,19 @@
 `handlers.app.create_app` knows routes, not where the database is or how migrations
 are checked; this module hands it both. `taskward serve` runs `serving_app` under
 granian (a factory, one app per worker); `taskward run` adds its sweeper through
-`on_startup`/`on_shutdown`.
+`on_startup`/`on_shutdown`. A stop signal ends the worker's streams and long-polls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from functools import partial
+from types import FrameType
+from typing import Any
 
 from litestar import Litestar
 
@@ -36,4 +42,30 @@ def serving_app(
     # Probes call the readiness check every few seconds; alembic would log two lines each.
     logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
     return create_app(settings, db, readiness=lambda: check_schema(db.engine),
-                      on_startup=on_startup, on_shutdown=on_shutdown)
+                      on_startup=[_end_waits_when_told_to_stop, *on_startup],
+                      on_shutdown=on_shutdown)
+
+
+def _end_waits_when_told_to_stop(app: Litestar) -> None:
+    """From the first SIGTERM or SIGINT on, every SSE stream and long-poll of this
+    worker ends at once (`LiveTail.close_waits`). granian's worker stops only once
+    every open connection has ended, and runs the app's shutdown hooks (`taskward run`'s
+    sweeper drain among them) only then: one client following a queued task held a
+    stop for ever. Only beside a handler the server set (under granian, which hears
+    the signal through the event loop's wake-up descriptor and still does), and only
+    where the app runs on its process's main thread (not in a test client)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    tail = app.state.services.tail
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        servers = signal.getsignal(signum)
+        if callable(servers):
+            signal.signal(signum, partial(_told_to_stop, loop, tail.close_waits, servers))
+
+
+def _told_to_stop(loop: asyncio.AbstractEventLoop, close_waits: Callable[[], None],
+                  servers: Callable[[int, FrameType | None], Any], signum: int,
+                  frame: FrameType | None) -> None:
+    loop.call_soon_threadsafe(close_waits)
+    servers(signum, frame)
