@@ -11,11 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
-from types import FrameType
-from typing import Any
 
 from litestar import Litestar
 
@@ -24,6 +21,7 @@ from core.settings import Settings, load_settings
 from core.store.connect import open_database
 from handlers.app import LifespanHook, create_app
 from infra.migrate import check_schema
+from infra.stop_signals import also_on
 
 SERVING_APP = "infra.app:serving_app"
 
@@ -48,24 +46,9 @@ def serving_app(
 
 def _end_waits_when_told_to_stop(app: Litestar) -> None:
     """From the first SIGTERM or SIGINT on, every SSE stream and long-poll of this
-    worker ends at once (`LiveTail.close_waits`). granian's worker stops only once
-    every open connection has ended, and runs the app's shutdown hooks (`taskward run`'s
-    sweeper drain among them) only then: one client following a queued task held a
-    stop for ever. Only beside a handler the server set (under granian, which hears
-    the signal through the event loop's wake-up descriptor and still does), and only
-    where the app runs on its process's main thread (not in a test client)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    loop = asyncio.get_running_loop()
+    worker ends at once (`LiveTail.close_waits`): granian's worker stops only once
+    every open connection has ended, and one client following a queued task held a
+    stop for ever (and, in `taskward run`, the sweeper's drain never began)."""
     tail = app.state.services.tail
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        servers = signal.getsignal(signum)
-        if callable(servers):
-            signal.signal(signum, partial(_told_to_stop, loop, tail.close_waits, servers))
-
-
-def _told_to_stop(loop: asyncio.AbstractEventLoop, close_waits: Callable[[], None],
-                  servers: Callable[[int, FrameType | None], Any], signum: int,
-                  frame: FrameType | None) -> None:
-    loop.call_soon_threadsafe(close_waits)
-    servers(signum, frame)
+    also_on((signal.SIGTERM, signal.SIGINT),
+            partial(asyncio.get_running_loop().call_soon_threadsafe, tail.close_waits))

@@ -37,6 +37,7 @@ from core.store.recovery import recover
 from infra.app import serving_app
 from infra.migrate import upgrade
 from infra.server import serve
+from infra.stop_signals import also_on
 from scheduler.loop import SweeperLoop
 
 ALL_IN_ONE_APP = "infra.runtime:all_in_one_app"
@@ -93,23 +94,15 @@ def all_in_one_app() -> Litestar:
         loops.append(loop)
 
     async def stop_sweeper() -> None:
+        # From here on (the drain has begun) a Ctrl-C is the second: it hands back at
+        # once, as for `taskward sweeper`. Only SIGINT counts. The first Ctrl-C reached
+        # this worker before the shutdown that runs this began; granian's main process
+        # then sent it a SIGTERM, which must not pass for a second request (nor must a
+        # SIGTERM to the whole group, as systemd sends).
         hurry = threading.Event()
-        _hurry_on_interrupt(hurry)
+        also_on((signal.SIGINT,), hurry.set)
         # The drain blocks for up to TASKWARD_DRAIN_SECONDS: keep the event loop free.
         for loop in loops:
             await asyncio.to_thread(loop.stop, hurry=hurry)
 
     return serving_app(settings, on_startup=[start_sweeper], on_shutdown=[stop_sweeper])
-
-
-def _hurry_on_interrupt(hurry: threading.Event) -> None:
-    """A Ctrl-C from here on (the drain has begun) sets `hurry`: the second Ctrl-C in a
-    terminal hands back at once, as it does for `taskward sweeper`. Only SIGINT counts.
-    The first Ctrl-C reaches this worker process directly, before the shutdown that
-    calls this began, and granian's main process then sends it a SIGTERM, which must
-    not pass for a second request (nor must a SIGTERM sent to the whole group, as
-    systemd does)."""
-    try:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, hurry.set)
-    except (NotImplementedError, RuntimeError):  # not the main thread: the drain runs out
-        return
