@@ -15,6 +15,8 @@ from core.store.connect import create_db_engine
 from core.store.database import Database
 from infra.migrate import upgrade
 from tests.databases import copy_sqlite, private_pg_database, truncate_all
+from tests.scheduler.processes import Children
+from tests.service.running import Runs
 
 # psycopg times its connection attempts with time.monotonic (130 s by default); a frozen
 # clock ticked past that while a worker thread is connecting would time the connect out.
@@ -75,3 +77,13 @@ def model_id(db: Database, settings: Settings) -> str:
     (settings.models_dir / "words.bin").write_bytes(b"test engine model\n")
     register(db, settings.models_dir, "words.bin", model_id="words", engine="test.words")
     return "words"
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[Runs]:
+    """For tests that start (and kill) `taskward run` themselves."""
+    children = Children(tmp_path / "logs")
+    try:
+        yield Runs(children)
+    finally:
+        children.kill_all()

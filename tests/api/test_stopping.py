@@ -13,32 +13,27 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
 
 from core.settings import Settings
 from core.states import Status
-from core.store.connect import open_database
-from tests.api.helpers import register_test_model
-from tests.api.served import Service, process, running_service, service_env, wait_ready
+from core.store.database import Database
+from tests.api.served import running_service
 from tests.api.test_served import create, sse_blocks, token_client
-from tests.databases import migrated_store
-from tests.scheduler.processes import free_port, wait_until
+from tests.scheduler.processes import environment, wait_until
+from tests.service.running import Runs
 from tests.store.helpers import task_row
 
 STOP_SECONDS = 10  # far below the long-poll's 60 s and the task's length
 
 
 def test_serve_stops_at_once_while_a_stream_and_a_long_poll_wait(
-    tmp_path: Path, sqlite_template: Path
+    settings: Settings, model_id: str, tmp_path: Path
 ) -> None:
-    with ExitStack() as stack:
-        url = _store_with_the_test_model(stack, tmp_path, sqlite_template)
-        service = stack.enter_context(running_service(url, tmp_path, sweeper=False, workers=1))
+    with running_service(settings.database_url, tmp_path, sweeper=False, workers=1) as service:
         assert service.server is not None
         client, _ = token_client(service)
         task_id = create(client).json()["id"]  # stays queued: no sweeper runs
@@ -59,50 +54,23 @@ def test_serve_stops_at_once_while_a_stream_and_a_long_poll_wait(
 
 
 def test_run_with_a_stream_open_drains_and_stops_on_one_signal(
-    tmp_path: Path, sqlite_template: Path
+    db: Database, settings: Settings, model_id: str, runs: Runs
 ) -> None:
-    with ExitStack() as stack:
-        url = _store_with_the_test_model(stack, tmp_path, sqlite_template)
-        service = stack.enter_context(_running_run(url, tmp_path))
-        assert service.server is not None
-        client, _ = token_client(service)
+    # unbuffered: the admin code `pair` reads must reach the log at once
+    running = runs.start({**environment(settings, drain_seconds=1), "PYTHONUNBUFFERED": "1"})
+    with running.client(running.pair()) as client, ThreadPoolExecutor(1) as pool:
         task_id = create(client, "words=3000 delay=0.05").json()["id"]
+        opened: list[str] = []
+        streamed = pool.submit(_follow, client, task_id, opened)
+        wait_until(lambda: "response.output_text.delta" in opened, timeout=30,
+                   what="the task's output streaming")
+        running.process.send_signal(signal.SIGTERM)  # as systemd or `kill` would
+        assert _exit_code_within(running.process, STOP_SECONDS) == 0
 
-        with ThreadPoolExecutor(1) as pool:
-            opened: list[str] = []
-            streamed = pool.submit(_follow, client, task_id, opened)
-            wait_until(lambda: "response.output_text.delta" in opened, timeout=30,
-                       what="the task's output streaming")
-            service.server.send_signal(signal.SIGTERM)  # as systemd or `kill` would
-            assert _exit_code_within(service.server, STOP_SECONDS) == 0
-
-            blocks = streamed.result(timeout=5)
+        blocks = streamed.result(timeout=5)
     assert blocks[-1]["event"] == "response.output_text.delta"  # ended whole, unfinished
-    assert "handing back 1 unfinished task(s)" in (tmp_path / "run.log").read_text()
-    db = open_database(Settings(database_url=url))
-    try:
-        assert task_row(db, task_id).status == Status.QUEUED
-    finally:
-        db.dispose()
-
-
-@contextmanager
-def _running_run(url: str, workdir: Path) -> Iterator[Service]:
-    """`taskward run` on a random port, its drain short (1 s)."""
-    env = {**service_env(url, workdir / "models"), "TASKWARD_DRAIN_SECONDS": "1"}
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    with process(["run", "--port", str(port)], env, workdir / "run.log") as server:
-        wait_ready(base_url, server, workdir / "run.log")
-        yield Service(base_url, env, server)
-
-
-def _store_with_the_test_model(stack: ExitStack, workdir: Path, sqlite_template: Path) -> str:
-    url = stack.enter_context(migrated_store("sqlite", workdir, sqlite_template))
-    db = open_database(Settings(database_url=url))
-    register_test_model(db, workdir / "models")
-    db.dispose()
-    return url
+    assert "handing back 1 unfinished task(s)" in running.log()
+    assert task_row(db, task_id).status == Status.QUEUED
 
 
 def _exit_code_within(server: subprocess.Popen[bytes], seconds: float) -> int | None:

@@ -42,13 +42,3 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 def client(service: Service) -> Iterator[httpx.Client]:
     with service.running.client(service.token) as http:
         yield http
-
-
-@pytest.fixture
-def runs(tmp_path: Path) -> Iterator[Runs]:
-    """For tests that start (and kill) `taskward run` themselves."""
-    children = Children(tmp_path / "logs")
-    try:
-        yield Runs(children)
-    finally:
-        children.kill_all()
