@@ -1,22 +1,63 @@
-"""What a stop signal does in a process granian serves, beside granian's own handling.
+"""What SIGTERM and SIGINT do in taskward's processes.
 
-granian's worker hears SIGTERM and SIGINT through its event loop's wake-up descriptor
-and begins its shutdown, but it lets the worker end only once every open connection
-has ended, and runs the app's shutdown hooks only then. What must happen at the signal
-itself (the API's waits ending; in `taskward run`, a second Ctrl-C cutting the drain
-short) is added here as a Python handler that runs, then calls the one set before it.
+`taskward sweeper` and `taskward sweep` own their signals (`stop_then_hurry`): the
+first asks for a graceful stop, a second cuts its drain short.
+
+In a process granian serves (`serve`, `run`), granian's worker hears them through its
+event loop's wake-up descriptor and begins its shutdown, but it lets the worker end
+only once every open connection has ended, and runs the app's shutdown hooks only then.
+What must happen at the signal itself (the API's waits ending; in `taskward run`, a
+second Ctrl-C cutting the drain short) is added by `also_on` as a Python handler that
+runs, then calls the one set before it.
+
+A Python handler runs on the main thread between two bytecodes, so it must not take a
+lock that thread may hold: the handlers here only set events that the main thread never
+waits on (`wait_for` polls instead) or call `call_soon_threadsafe`, which takes none.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from types import FrameType
 from typing import Any
 
 Handler = Callable[[int, FrameType | None], Any]
+
+# How often `wait_for` looks whether a signal has set its event.
+_STOP_CHECK_SECONDS = 0.2
+
+
+@contextmanager
+def stop_then_hurry(stop: threading.Event, hurry: threading.Event) -> Iterator[None]:
+    """Within the block SIGTERM and SIGINT set `stop` (a graceful stop) instead of
+    killing mid-write; a second one sets `hurry` (hand back at once instead of waiting
+    out the drain), as an operator who presses Ctrl-C twice expects. The handlers set
+    before are back afterwards."""
+
+    def signalled(_signum: int, _frame: FrameType | None) -> None:
+        (hurry if stop.is_set() else stop).set()
+
+    previous = {signum: signal.signal(signum, signalled)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def wait_for(stop: threading.Event) -> None:
+    """Return once `stop` is set, looking every `_STOP_CHECK_SECONDS`. Not
+    `stop.wait()`: a handler landing while `Event.wait` held the event's lock would
+    deadlock on its `set`, as the lock is not reentrant (a scratch loop of `wait` under
+    a stream of signals hung within seconds)."""
+    while not stop.is_set():
+        time.sleep(_STOP_CHECK_SECONDS)
 
 
 def also_on(signums: Iterable[signal.Signals], call: Callable[[], object]) -> None:

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import gc
 import logging
-import signal
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import click
 
@@ -23,6 +20,7 @@ from core.store.recovery import recover as recover_tasks
 from infra.cli import collector_paused
 from infra.cli.context import database, domain_errors, emit, settings_or_exit
 from infra.migrate import upgrade
+from infra.stop_signals import stop_then_hurry, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +31,6 @@ log = logging.getLogger(__name__)
 # drain of 5,000 no-op tasks per process went ~40 -> ~4 ms (issue 15). Memory held by
 # garbage cycles waits a little longer; nothing else changes.
 _SWEEPER_YOUNG_THRESHOLD = 20_000
-# How often the sweeper's main thread looks whether a signal asked it to stop. It
-# sleeps rather than waiting on the `stop` event: a signal's handler runs on this
-# thread between two bytecodes, and one landing while `Event.wait` held the event's
-# lock would have deadlocked the handler's `set` (the lock is not reentrant).
-_STOP_CHECK_SECONDS = 0.2
 
 
 @click.command()
@@ -73,7 +66,7 @@ def sweep(as_json: bool) -> None:
         from scheduler.sweep import sweep_once
     settings = _worker_settings()
     stop, hurry = threading.Event(), threading.Event()
-    with database(settings) as db, _stop_on_signals(stop, hurry):
+    with database(settings) as db, stop_then_hurry(stop, hurry):
         summary = sweep_once(db, settings, stop=stop, hurry=hurry)
     emit(summary, as_json=True)
 
@@ -93,13 +86,12 @@ def sweeper(schedule: str | None) -> None:
 
             settings = _worker_settings(**({"sweep_schedule": schedule} if schedule else {}))
             db = running.enter_context(database(settings))
-            running.enter_context(_stop_on_signals(stop, hurry))
+            running.enter_context(stop_then_hurry(stop, hurry))
             loop = SweeperLoop(db, settings)
             loop.start()
         gc.set_threshold(_SWEEPER_YOUNG_THRESHOLD)
         log.info("sweeper started (node %s)", settings.node_id)
-        while not stop.is_set():
-            time.sleep(_STOP_CHECK_SECONDS)
+        wait_for(stop)
         log.info("stopping: draining for up to %ss (signal again to hand back at once)",
                  settings.drain_seconds)
         loop.stop(hurry=hurry)
@@ -142,24 +134,6 @@ def _worker_settings(**overrides: object) -> Settings:
     with domain_errors(), collector_paused():
         import_engine_modules(settings.engine_module_names)
     return settings
-
-
-@contextmanager
-def _stop_on_signals(stop: threading.Event, hurry: threading.Event) -> Iterator[None]:
-    """SIGTERM and SIGINT set `stop` (a graceful stop) instead of killing mid-write; a
-    second one sets `hurry` (hand back at once instead of waiting out the drain), as
-    an operator who presses Ctrl-C twice expects."""
-
-    def signalled(_signum: int, _frame: object) -> None:
-        (hurry if stop.is_set() else stop).set()
-
-    previous = {signum: signal.signal(signum, signalled)
-                for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 COMMANDS: list[click.Command] = [migrate, recover, sweep, sweeper, run]
