@@ -46,6 +46,20 @@ def api_healthy(port: int) -> bool:
         return False
 
 
+def assert_back_in_the_queue(db: Database, task_id: str) -> None:
+    """A `retry` task handed back at a stop: queued again, its attempt refunded."""
+    queued = task_row(db, task_id)
+    assert (queued.status, queued.attempts, queued.owner_token) == (Status.QUEUED, 0, None)
+
+
+def assert_kept_for_resume(db: Database, task_id: str) -> None:
+    """A `resume` task handed back at a stop: still running, without a lease, its
+    snapshot at the end of the text it streamed."""
+    kept = task_row(db, task_id)
+    assert (kept.status, kept.attempts, kept.owner_token) == (Status.RUNNING, 0, None)
+    assert json.loads(kept.snapshot_json)["pos"] == len(streamed_text(db, task_id).split())
+
+
 def test_migrate_prints_the_schema_revision(settings: Settings) -> None:
     done = run_command(environment(settings), "migrate")
     assert done.returncode == 0, done.stderr
@@ -197,11 +211,8 @@ def test_sigterm_drains_running_work_then_hands_back_the_rest(
     assert sweeper.wait(timeout=15) == 0
 
     assert task_row(db, short).status == Status.COMPLETED
-    queued = task_row(db, retry)
-    assert (queued.status, queued.attempts, queued.owner_token) == (Status.QUEUED, 0, None)
-    kept = task_row(db, resume)
-    assert (kept.status, kept.attempts, kept.owner_token) == (Status.RUNNING, 0, None)
-    assert json.loads(kept.snapshot_json)["pos"] == len(streamed_text(db, resume).split())
+    assert_back_in_the_queue(db, retry)
+    assert_kept_for_resume(db, resume)
 
 
 @pytest.mark.parametrize("command", ["sweeper", "sweep"])
@@ -221,11 +232,8 @@ def test_a_second_sigterm_hands_back_at_once_instead_of_waiting_out_the_drain(
     assert worker.wait(timeout=20) == 0
 
     assert "ending the drain now" in children.log_of(0)
-    queued = task_row(db, retry)
-    assert (queued.status, queued.attempts, queued.owner_token) == (Status.QUEUED, 0, None)
-    kept = task_row(db, resume)
-    assert (kept.status, kept.attempts, kept.owner_token) == (Status.RUNNING, 0, None)
-    assert json.loads(kept.snapshot_json)["pos"] == len(streamed_text(db, resume).split())
+    assert_back_in_the_queue(db, retry)
+    assert_kept_for_resume(db, resume)
 
 
 def test_a_second_ctrl_c_ends_the_drain_of_run_and_the_first_does_not(
@@ -246,8 +254,7 @@ def test_a_second_ctrl_c_ends_the_drain_of_run_and_the_first_does_not(
     assert server.wait(timeout=20) == 0
 
     assert "ending the drain now" in children.log_of(0)
-    queued = task_row(db, task_id)
-    assert (queued.status, queued.attempts, queued.owner_token) == (Status.QUEUED, 0, None)
+    assert_back_in_the_queue(db, task_id)
 
 
 def test_run_serves_the_api_and_stops_cleanly_on_sigterm(
