@@ -50,6 +50,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from core.failure_streak import FailureStreak
 from core.states import TERMINAL, Status
 from core.store.database import EVENTS_CHANNEL, Database, Logged, LoggedEvent
 from core.store.tasks import get_task, log_positions
@@ -110,6 +111,9 @@ class LiveTail:
         self._poller: threading.Thread | None = None
         self._unlisten: Callable[[], None] = lambda: None
         self._closing = False  # set by `close_waits`: the server is going away
+        self._poll_failures = FailureStreak(  # the poll thread's
+            log, "live tail poll failed (%s, %d in a row); waiters retry by themselves",
+            "live tail polls are back after %d failed attempts")
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -225,9 +229,10 @@ class LiveTail:
         """Read the logs' positions of `polled`; wake the waiters behind them."""
         try:
             positions = log_positions(self._db, polled)
-        except Exception:  # a store outage: waiters time out and retry by themselves
-            log.warning("live tail poll failed", exc_info=True)
+        except Exception as exc:  # a store outage: waiters time out and retry by themselves
+            self._poll_failures.failed(exc)
             return
+        self._poll_failures.succeeded()
         if self._behind(polled, positions):
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(self._wake, polled, positions)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from core.failure_streak import FailureStreak
 from core.settings import Settings
 from core.store.database import WORK_CHANNEL, Database
 from core.thread_names import named_thread
@@ -107,17 +108,21 @@ class SweeperLoop:
 
     def _claim_loop(self) -> None:
         assert self._workers is not None
+        failures = FailureStreak(
+            log, f"claim failed (%s, %d in a row); retrying every {_ERROR_PAUSE_SECONDS:.0f}s",
+            "claims are back after %d failed attempts", level=logging.ERROR)
         while not self._stopping.is_set():
             self._wake.clear()
             try:
                 self._workers.gather_slots()
                 started = self._workers.claim()
-            except Exception:
-                log.exception("claim failed; retrying")
+            except Exception as exc:
+                failures.failed(exc)
                 self._first_claim.set()
                 self._caught_up.set()  # an outage does not hold maintenance back
                 self._stopping.wait(_ERROR_PAUSE_SECONDS)
                 continue
+            failures.succeeded()
             self._first_claim.set()
             if started:
                 continue  # more may be due; with no free slot of either kind, no statement

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from core.clock import Clock
 from core.cron import next_slot, parse_cron
+from core.failure_streak import FailureStreak
 from core.thread_names import named_thread
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ class MaintenanceTimer:
         self._due_ms: int | None = None  # None: the start pass has not run yet
         self._stop = threading.Event()
         self._thread = named_thread(self._run, "maintenance")
+        self._failures = FailureStreak(
+            log, "maintenance pass failed (%s, %d in a row); retrying at the next slot",
+            "maintenance passes are back after %d failed attempts", level=logging.ERROR)
 
     def start(self) -> None:
         self._thread.start()
@@ -67,5 +71,7 @@ class MaintenanceTimer:
     def _pass(self) -> None:
         try:
             self._run_pass()
-        except Exception:  # a failed pass is retried at the next slot, never fatal
-            log.exception("maintenance pass failed")
+        except Exception as exc:  # a failed pass is retried at the next slot, never fatal
+            self._failures.failed(exc)
+        else:
+            self._failures.succeeded()

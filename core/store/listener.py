@@ -12,15 +12,12 @@ from collections.abc import Callable, Mapping
 
 import psycopg
 
+from core.failure_streak import FailureStreak
 from core.thread_names import named_thread
 
 log = logging.getLogger(__name__)
 
-_RECONNECT_SECONDS = 1.0
-# While the store is down the listener fails once per `_RECONNECT_SECONDS`: the first
-# failure is logged, then one reminder per this many, so an outage of an hour is a
-# few dozen lines in the operator's log, not thousands.
-_FAILURES_PER_REMINDER = 60
+_RECONNECT_SECONDS = 1.0  # while the store is down, one failure each (`FailureStreak`)
 _LISTEN_TICK_SECONDS = 0.5  # how often the listener looks at its stop flag
 
 
@@ -45,24 +42,20 @@ class PgListener:
         self._thread.join()
 
     def _run(self) -> None:
-        failures = 0  # in a row, since LISTEN last held
+        failures = FailureStreak(
+            log, f"LISTEN failed (%s, %d in a row); retrying every {_RECONNECT_SECONDS:.0f}s,"
+            " new work is found by polling meanwhile", "LISTEN is back after %d failed attempts")
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._conninfo, autocommit=True) as conn:
                     for channel in self._handlers:
                         conn.execute(f"LISTEN {channel}")
-                    if failures:
-                        log.info("LISTEN is back after %d failed attempts", failures)
-                        failures = 0
+                    failures.succeeded()
                     for handle in self._handlers.values():
                         handle("")
                     while not self._stop.is_set():
                         for notice in conn.notifies(timeout=_LISTEN_TICK_SECONDS):
                             self._handlers[notice.channel](notice.payload)
             except psycopg.Error as exc:
-                failures += 1
-                if failures % _FAILURES_PER_REMINDER == 1:
-                    log.warning("LISTEN failed (%s, %d in a row); retrying every %.0fs, "
-                                "new work is found by polling meanwhile",
-                                type(exc).__name__, failures, _RECONNECT_SECONDS)
+                failures.failed(exc)
                 self._stop.wait(_RECONNECT_SECONDS)
