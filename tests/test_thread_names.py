@@ -8,13 +8,15 @@ from pathlib import Path
 from core.thread_names import named_thread
 
 
-def _kernel_name() -> str:
+def this_threads_kernel_name() -> str:
+    """The calling thread's name as the kernel knows it."""
     return Path("/proc/thread-self/comm").read_text().rstrip("\n")
 
 
 def _run_named(name: str, kernel_name: str | None = None) -> tuple[str, threading.Thread]:
     seen: list[str] = []
-    thread = named_thread(lambda: seen.append(_kernel_name()), name, kernel_name=kernel_name)
+    thread = named_thread(lambda: seen.append(this_threads_kernel_name()), name,
+                          kernel_name=kernel_name)
     thread.start()
     thread.join(10)
     return seen[0], thread

@@ -12,17 +12,14 @@ from pathlib import Path
 import pytest
 
 from core.thread_pool import DaemonThreadPool
+from tests.test_thread_names import this_threads_kernel_name
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _kernel_name() -> str:
-    return Path("/proc/thread-self/comm").read_text().rstrip("\n")
-
-
 def test_pool_threads_name_themselves_after_their_python_names() -> None:
     with DaemonThreadPool(1, "taskward-runner") as pool:
-        kernel = pool.submit(_kernel_name).result(10)
+        kernel = pool.submit(this_threads_kernel_name).result(10)
 
     assert kernel == "runner_0"
 
