@@ -6,6 +6,9 @@
 4. due schedules fire;
 5. retention cleanup.
 
+Before step 1 every pass checks this node's clock against the store's
+(`leases.check_clock`), as leases run out by it.
+
 Every step is safe while other sweepers run (claims skip locked rows, every
 transition is conditional), so `taskward sweep` may overlap a running loop. The loop
 runs the same maintenance steps on its cron timer (`scheduler.timer`) and claims
@@ -28,6 +31,7 @@ def sweep_once(db: Database, settings: Settings, *, stop: threading.Event,
                hurry: threading.Event | None = None) -> dict[str, Any]:
     """Run one pass; the summary `taskward sweep --json` prints. `stop` ends its
     claiming and drains step 2's attempts, `hurry` cuts that drain short."""
+    leases.check_clock(db, settings)
     summary: dict[str, Any] = {"expired": leases.expire(db)}
     summary.update(execute_due(db, settings, stop=stop, hurry=hurry))
     summary.update(_after_execution(db, settings))
@@ -36,6 +40,7 @@ def sweep_once(db: Database, settings: Settings, *, stop: threading.Event,
 
 def maintain(db: Database, settings: Settings) -> dict[str, Any]:
     """The pass without step 2, for the loop's timer."""
+    leases.check_clock(db, settings)
     return {"expired": leases.expire(db), **_after_execution(db, settings)}
 
 
