@@ -27,9 +27,8 @@ import functools
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from sqlalchemy.exc import DBAPIError, OperationalError
-
 from core.store.database import Database
+from core.store.outage import is_store_outage
 from core.thread_pool import DaemonThreadPool
 
 P = ParamSpec("P")
@@ -47,13 +46,10 @@ class StoreTimeout(Exception):
 
 
 def store_unavailable(exc: BaseException) -> bool:
-    """Whether `exc` is what a request hears when the store is down (the driver's
-    `OperationalError`), stalled (the bound passed) or ended the session under it (any
-    driver error after which SQLAlchemy dropped the connection: PostgreSQL ending a
-    transaction left idle past its bound is an `InternalError`). Each is answered
-    `503 store_unavailable` (`handlers.errors`)."""
-    return isinstance(exc, (OperationalError, StoreTimeout)) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated)
+    """Whether `exc` is what a request hears when the store is out
+    (`core.store.outage`) or stalled (the bound passed). Each is answered `503
+    store_unavailable` (`handlers.errors`)."""
+    return isinstance(exc, StoreTimeout) or is_store_outage(exc)
 
 
 def bound_waits(seconds: float) -> None:

@@ -1,0 +1,24 @@
+"""Which store errors are an outage: the store is down or unreachable, ended the
+session under the caller, or takes no writes for now. Each passes by itself or by an
+operator's hand, so the API answers it `503 store_unavailable` and the CLI tells the
+operator to check the store, where any other error is a fault of taskward's own."""
+
+from __future__ import annotations
+
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+# PostgreSQL's read_only_sql_transaction: a server that takes no writes until someone
+# changes that (a standby reached after a failover, `default_transaction_read_only` set
+# by an operator, or by a managed service whose storage is nearly full). psycopg raises
+# it as an `InternalError`. Reads still work.
+_READ_ONLY = "25006"
+
+
+def is_store_outage(exc: BaseException) -> bool:
+    """The driver's `OperationalError` (a refused or lost connection, a full disk, a
+    locked SQLite file), any driver error after which SQLAlchemy dropped the connection
+    (PostgreSQL ending a transaction left idle past its bound is an `InternalError`), or
+    a refused write (`_READ_ONLY`)."""
+    return isinstance(exc, OperationalError) or (
+        isinstance(exc, DBAPIError) and (
+            exc.connection_invalidated or getattr(exc.orig, "sqlstate", None) == _READ_ONLY))
