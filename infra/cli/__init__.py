@@ -41,6 +41,23 @@ class _LazyGroup(click.Group):
             module = importlib.import_module(f"infra.cli.{module_name}")
         return next(c for c in module.COMMANDS if c.name == cmd_name)
 
+    def invoke(self, ctx: click.Context) -> object:
+        """Run the command; a store that cannot be reached (or takes no writes) ends it
+        with one line that says so and what to check, not a driver's traceback."""
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            from core.store.outage import is_store_outage  # loaded by now: it failed
+
+            if not is_store_outage(exc):
+                raise
+            cause = getattr(exc, "orig", None) or exc
+            said = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+            raise click.ClickException(
+                f"the store is unavailable ({type(cause).__name__}: {said}); check "
+                "TASKWARD_DATABASE_URL and that the database server is up and takes "
+                "writes, then run the command again") from None
+
 
 @contextmanager
 def collector_paused(*, freeze: bool = False) -> Iterator[None]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,8 @@ from core.store.database import Database
 from core.store.new_tasks import enqueue
 from infra.cli import main
 from tests.api.helpers import complete_due, register_test_model
+from tests.api.served import TASKWARD
+from tests.scheduler.processes import free_port
 
 
 @pytest.fixture
@@ -221,3 +226,23 @@ def test_a_frozen_start_up_is_left_out_of_later_collections() -> None:
                        for o in gc.get_objects(generation))
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("command", [
+    ["tasks", "list"], ["pair", "--token"], ["migrate"], ["recover"], ["sweep"], ["sweeper"],
+    ["serve", "--port", "0"], ["run", "--port", "0"]])
+def test_a_store_nobody_answers_at_ends_a_command_with_one_line_saying_what_to_check(
+        command: list[str], tmp_path: Path) -> None:
+    """Real processes, against a loopback port nothing listens on. It was the driver's
+    traceback, 125-137 lines of it, whatever the command."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKWARD_")}
+    nobody = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x"
+    env.update({"TASKWARD_DATABASE_URL": nobody, "TASKWARD_MODELS_DIR": str(tmp_path)})
+    done = subprocess.run([TASKWARD, *command], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line.startswith("Error: the store is unavailable (OperationalError: connection "
+                           "failed: "), line
+    assert line.endswith("; check TASKWARD_DATABASE_URL and that the database server is up "
+                         "and takes writes, then run the command again")

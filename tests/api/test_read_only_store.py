@@ -1,12 +1,14 @@
 """A PostgreSQL that takes no writes for a while (`default_transaction_read_only`, as an
 operator sets it, or a managed service whose storage is nearly full; a standby after a
 failover answers the same): writes are answered `503 store_unavailable` and change
-nothing, reads are still served, and once the server takes writes again the same
-processes (no restart) create, cancel and run tasks. It was a 500 `internal_error`:
-psycopg raises the refusal as an `InternalError`, not an `OperationalError`."""
+nothing, reads are still served, an operator command says what to check, and once the
+server takes writes again the same processes (no restart) create, cancel and run
+tasks. It was a 500 `internal_error` (and a traceback): psycopg raises the refusal as
+an `InternalError`, not an `OperationalError`."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -18,7 +20,7 @@ from core.states import Status
 from core.store.connect import open_database
 from core.tables import tasks
 from tests.api.helpers import register_test_model
-from tests.api.served import running_service
+from tests.api.served import TASKWARD, running_service
 from tests.api.test_served import create, token_client
 from tests.pg_cluster import PgCluster, migrated_cluster
 from tests.scheduler.processes import wait_until
@@ -48,6 +50,12 @@ def test_a_store_that_takes_no_writes_answers_503_and_serves_again_after(
                 assert not any("must not reach" in answer.text for answer in refused)
                 assert status(client, done) == Status.COMPLETED  # reads are served
                 assert status(client, waiting) == Status.QUEUED
+                paired = subprocess.run([TASKWARD, "pair", "--token"], env=service.env,
+                                        capture_output=True, text=True, timeout=60)
+                assert paired.returncode == 1
+                assert paired.stderr.startswith(
+                    "Error: the store is unavailable (ReadOnlySqlTransaction: cannot execute "
+                    "INSERT in a read-only transaction); check"), paired.stderr
 
                 take_writes(cluster, True)
                 wait_until(lambda: create(client).status_code == 202, timeout=20,
