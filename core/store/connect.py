@@ -10,11 +10,12 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 
 from core.clock import Clock
 from core.settings import Settings
 from core.store.database import Database
-from core.store.libpq import with_bounds
+from core.store.libpq import closed_while_idle, with_bounds
 
 
 def create_db_engine(settings: Settings) -> Engine:
@@ -34,9 +35,20 @@ def create_db_engine(settings: Settings) -> Engine:
         return engine
     # No HSTORE column exists: without `use_native_hstore` the dialect's first connection
     # looks the type up (one more round trip before a process's first statement).
-    return create_engine(with_bounds(url, settings.store_wait_seconds),
-                         pool_size=8, max_overflow=16, pool_pre_ping=False,
-                         use_native_hstore=False)
+    engine = create_engine(with_bounds(url, settings.store_wait_seconds),
+                           pool_size=8, max_overflow=16, pool_pre_ping=False,
+                           use_native_hstore=False)
+    event.listen(engine, "checkout", _not_closed_while_idle)
+    return engine
+
+
+def _not_closed_while_idle(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """A pooled connection the server ended while it sat idle (`closed_while_idle`) is
+    replaced at checkout: SQLAlchemy connects that pool slot afresh when a checkout
+    listener raises `DisconnectionError`. Without it, after a PostgreSQL restart the
+    first request of each process that drew such a connection was answered `503`."""
+    if closed_while_idle(dbapi_connection):
+        raise DisconnectionError("the server ended this connection while it was idle")
 
 
 def _owner_only(database: Path) -> None:

@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 
 _RECONNECT_SECONDS = 1.0  # while the store is down, one failure each (`FailureStreak`)
 _LISTEN_TICK_SECONDS = 0.5  # how often the listener looks at its stop flag
+# A LISTEN connection is idle by nature: a server's `idle_session_timeout` (PostgreSQL
+# 14 and later) would end it at every quiet spell, to be made again a second later, so
+# this one session turns it off for itself. The pool's connections keep the server's
+# setting: one ended while idle is replaced when next drawn (`libpq.closed_while_idle`).
+_IDLE_SESSION_TIMEOUT_SINCE = 140000
 
 
 class PgListener:
@@ -48,6 +53,8 @@ class PgListener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                    if conn.info.server_version >= _IDLE_SESSION_TIMEOUT_SINCE:
+                        conn.execute("SET idle_session_timeout = 0")
                     for channel in self._handlers:
                         conn.execute(f"LISTEN {channel}")
                     failures.succeeded()

@@ -7,8 +7,9 @@ API's busiest write, births that commit by themselves (`core.store.new_tasks`,
 connection runs it on the loop itself, waiting for the server as the loop waits for a
 socket. The connections are this object's own, in autocommit, opened when first
 needed and kept, each with its cursor, for the next statement (as many as statements
-ran at once, which the caller bounds), dropped when found broken. Driver errors come
-out as SQLAlchemy's, as from `core.store.driver` (`sqlalchemy_error`).
+ran at once, which the caller bounds), dropped when found broken, or found ended by the
+server while they were kept (`closed_while_idle`). Driver errors come out as
+SQLAlchemy's, as from `core.store.driver` (`sqlalchemy_error`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sqlalchemy.engine import Dialect
 
 from core.store.database import Database
 from core.store.driver import sqlalchemy_error
-from core.store.libpq import libpq_conninfo
+from core.store.libpq import closed_while_idle, libpq_conninfo
 
 if TYPE_CHECKING:
     from psycopg import AsyncCursor
@@ -42,7 +43,7 @@ class AutocommitConnections:
         import psycopg  # SQLite processes never load it
 
         try:
-            cursor = self._idle.pop() if self._idle else (await psycopg.AsyncConnection.connect(
+            cursor = await self._usable_idle() or (await psycopg.AsyncConnection.connect(
                 self._conninfo, autocommit=True)).cursor()
         except psycopg.Error as exc:
             raise sqlalchemy_error(exc, self.dialect) from exc
@@ -60,6 +61,16 @@ class AutocommitConnections:
             raise
         self._idle.append(cursor)
         return row
+
+    async def _usable_idle(self) -> AsyncCursor[Any] | None:
+        """A kept cursor whose connection the server did not end meanwhile
+        (`closed_while_idle`); those it did are closed. None: none is left."""
+        while self._idle:
+            cursor = self._idle.pop()
+            if not closed_while_idle(cursor.connection):
+                return cursor
+            await cursor.connection.close()
+        return None
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []
