@@ -37,6 +37,7 @@ from core.engines.upstream.routing import ROUTER
 from core.settings import Settings
 from core.store import claims
 from core.store.database import Database
+from core.store.outage import outage_behind
 from core.thread_pool import DaemonThreadPool
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
@@ -307,8 +308,8 @@ class Workers:
         settles it (`lead`: write it then, unless someone else writes)."""
         try:
             outcome = run()
-        except Exception:  # a database outage: the lease will expire and policy applies
-            log.exception("task %s: attempt abandoned", attempt.task_id)
+        except Exception as exc:  # a database outage: the lease will expire and policy applies
+            _log_abandoned(attempt.task_id, exc)
             outcome = Outcome.LOST
         if outcome is None:
             if lead:
@@ -435,3 +436,16 @@ def verified_once(verify: VerifyModel) -> VerifyModel:
         return answer
 
     return check
+
+
+def _log_abandoned(task_id: str, exc: Exception) -> None:
+    """An attempt given up on: its lease runs out and its restart policy applies. A
+    store outage (the error itself, or what a group write's failure was raised from) is
+    one line per attempt, as every attempt in flight meets it at once and its traceback
+    says nothing more; any other error keeps its traceback."""
+    outage = outage_behind(exc)
+    if outage is None:
+        log.exception("task %s: attempt abandoned", task_id)
+    else:
+        log.error("task %s: attempt abandoned, the store is unavailable (%s); its lease "
+                  "runs out and its restart policy applies", task_id, type(outage).__name__)

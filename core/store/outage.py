@@ -22,3 +22,17 @@ def is_store_outage(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError) or (
         isinstance(exc, DBAPIError) and (
             exc.connection_invalidated or getattr(exc.orig, "sqlstate", None) == _READ_ONLY))
+
+
+def outage_behind(exc: BaseException) -> BaseException | None:
+    """`exc` when it is an outage, or the error it was raised from (`__cause__`, as a
+    group write's failure carries its write's error) when that is; else None."""
+    seen: BaseException | None = exc
+    for _ in range(_CAUSES_LOOKED_AT):
+        if seen is None or is_store_outage(seen):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
+_CAUSES_LOOKED_AT = 8  # chains are short; a cycle of causes must not loop for ever

@@ -1,6 +1,7 @@
 """A store outage in the logs of the loops that retry through it (`core.failure_streak`):
 each says when its failures start (with the traceback, once), reminds the operator now
-and then while they last, and says when its call works again. Each loop also recovers
+and then while they last, and says when its call works again; each attempt it cuts off
+is one line. Each loop also recovers
 by itself: the outages here are a private PostgreSQL cluster stopped and started."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import replace
 import psycopg
 import pytest
 from freezegun import freeze_time
+from sqlalchemy.exc import OperationalError
 
 import tests.engines  # noqa: F401  registers the deterministic engine in this process
 from core import failure_streak
@@ -25,11 +27,14 @@ from core.store import listener as listener_module
 from core.store.connect import create_db_engine
 from core.store.database import Database
 from core.store.listener import PgListener
+from core.store.outage import outage_behind
 from core.store.tasks import cancel
 from handlers import live
 from handlers.live import LiveTail
 from scheduler import loop as loop_module
 from scheduler import timer as timer_module
+from scheduler import workers as workers_module
+from scheduler.group_commit import write_failed
 from scheduler.loop import SweeperLoop
 from scheduler.timer import MaintenanceTimer
 from tests.pg_cluster import PgCluster, migrated_cluster, private_cluster
@@ -117,6 +122,42 @@ def test_the_claimer_logs_an_outage_sparingly_and_claims_again_after_it(
     finally:
         loop.stop()
     assert_logged_sparingly(caplog, "claim failed", "claims are back", logging.ERROR)
+
+
+def test_an_attempt_the_outage_cuts_off_is_abandoned_in_one_line(
+        cluster: PgCluster, db: Database, settings: Settings, model_id: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Every attempt in flight meets the outage at once: one line each, where each
+    was a traceback of some sixty lines."""
+    caplog.set_level(logging.INFO, logger=workers_module.log.name)
+    loop = SweeperLoop(db, replace(settings, engine_modules="tests.engines",
+                                   poll_interval_ms=20))
+    loop.start()
+    try:
+        streaming = new_task(db, model_id, input="words=1000 delay=0.02")
+        wait_until(lambda: task_row(db, streaming).status == Status.RUNNING, timeout=10,
+                   what="the attempt streaming")
+        cluster.stop()
+        wait_until(lambda: abandoned(caplog), timeout=20, what="the attempt abandoned")
+        cluster.start()
+    finally:
+        loop.stop()
+    [line] = abandoned(caplog)
+    assert line.getMessage() == (
+        f"task {streaming}: attempt abandoned, the store is unavailable (OperationalError); "
+        "its lease runs out and its restart policy applies")
+    assert line.levelno == logging.ERROR and line.exc_info is None
+
+
+def abandoned(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in list(caplog.records) if "attempt abandoned" in r.getMessage()]
+
+
+def test_a_group_writes_failure_is_an_outage_when_its_write_met_one() -> None:
+    down = OperationalError("COMMIT", {}, Exception("the connection is lost"))
+    assert outage_behind(write_failed(down)) is down
+    assert outage_behind(down) is down
+    assert outage_behind(write_failed(ValueError("a bug"))) is None
 
 
 def test_the_live_tail_logs_an_outage_sparingly_and_wakes_its_waiter_after_it(
