@@ -36,6 +36,11 @@ class PgCluster:
     def url(self) -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
+    @property
+    def conninfo(self) -> str:
+        """libpq's form of `url`, for psycopg connections of the test's own."""
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+
     def start(self) -> None:
         """Start the server (again, after `stop`) on the same port and data."""
         _run(["pg_ctl", "-D", str(self.directory / "data"), "-l",

@@ -48,7 +48,6 @@ def test_connections_the_server_ends_while_idle_fail_no_request(tmp_path: Path) 
 
 def end_idle_sessions(cluster: PgCluster) -> None:
     """The server ends every session idle for `IDLE_SESSION_SECONDS` from now on."""
-    admin = f"host=127.0.0.1 port={cluster.port} user=postgres dbname=postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(cluster.conninfo, autocommit=True) as conn:
         conn.execute(f"ALTER SYSTEM SET idle_session_timeout = '{IDLE_SESSION_SECONDS}s'")
         conn.execute("SELECT pg_reload_conf()")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import httpx
 import psycopg
 from sqlalchemy import func, select
 
@@ -21,7 +20,7 @@ from core.store.connect import open_database
 from core.tables import tasks
 from tests.api.helpers import register_test_model
 from tests.api.served import TASKWARD, running_service
-from tests.api.test_served import create, token_client
+from tests.api.test_served import create, task_status, token_client
 from tests.pg_cluster import PgCluster, migrated_cluster
 from tests.scheduler.processes import wait_until
 
@@ -39,7 +38,7 @@ def test_a_store_that_takes_no_writes_answers_503_and_serves_again_after(
             with client:
                 done = create(client).json()["id"]
                 waiting = create(client, run_at=LATER).json()["id"]
-                wait_until(lambda: status(client, done) == Status.COMPLETED, timeout=20,
+                wait_until(lambda: task_status(client, done) == Status.COMPLETED, timeout=20,
                            what="a task before the store turned read-only")
 
                 take_writes(cluster, False)
@@ -48,8 +47,8 @@ def test_a_store_that_takes_no_writes_answers_503_and_serves_again_after(
                 assert [(a.status_code, a.json()["code"], a.headers.get("retry-after"))
                         for a in refused] == [(503, "store_unavailable", "1")] * 4
                 assert not any("must not reach" in answer.text for answer in refused)
-                assert status(client, done) == Status.COMPLETED  # reads are served
-                assert status(client, waiting) == Status.QUEUED
+                assert task_status(client, done) == Status.COMPLETED  # reads are served
+                assert task_status(client, waiting) == Status.QUEUED
                 paired = subprocess.run([TASKWARD, "pair", "--token"], env=service.env,
                                         capture_output=True, text=True, timeout=60)
                 assert paired.returncode == 1
@@ -62,7 +61,7 @@ def test_a_store_that_takes_no_writes_answers_503_and_serves_again_after(
                            what="a creation once the store takes writes")
                 assert client.post(f"/v1/responses/{waiting}/cancel").status_code == 200
                 ids = [task["id"] for task in client.get("/v1/tasks").json()["data"]]
-                wait_until(lambda: all(status(client, task_id) in (Status.COMPLETED,
+                wait_until(lambda: all(task_status(client, task_id) in (Status.COMPLETED,
                                                                    Status.CANCELLED)
                                        for task_id in ids),
                            timeout=30, what="the sweeper's work once the store takes writes")
@@ -75,16 +74,11 @@ def test_a_store_that_takes_no_writes_answers_503_and_serves_again_after(
 def take_writes(cluster: PgCluster, writable: bool) -> None:
     """Turn the server's `default_transaction_read_only` off or on for every session,
     and return once a session that was open before sees it."""
-    admin = f"host=127.0.0.1 port={cluster.port} user=postgres dbname=postgres"
-    with psycopg.connect(admin, autocommit=True) as watcher, \
-            psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(cluster.conninfo, autocommit=True) as watcher, \
+            psycopg.connect(cluster.conninfo, autocommit=True) as conn:
         conn.execute("ALTER SYSTEM RESET default_transaction_read_only" if writable
                      else "ALTER SYSTEM SET default_transaction_read_only = on")
         conn.execute("SELECT pg_reload_conf()")
         expected = "off" if writable else "on"
         wait_until(lambda: watcher.execute("SHOW default_transaction_read_only")
                    .fetchone() == (expected,), timeout=10, what="the reload")
-
-
-def status(client: httpx.Client, task_id: str) -> str:
-    return str(client.get(f"/v1/tasks/{task_id}").json()["status"])

@@ -31,6 +31,10 @@ def create(client: httpx.Client, text: str = "words=3", *,
                        headers=headers)
 
 
+def task_status(client: httpx.Client, task_id: str) -> str:
+    return str(client.get(f"/v1/tasks/{task_id}").json()["status"])
+
+
 def sse_blocks(lines: Any, limit: int | None = None) -> list[dict[str, str]]:
     blocks: list[dict[str, str]] = []
     block: dict[str, str] = {}

@@ -62,8 +62,7 @@ def test_the_listener_logs_an_outage_sparingly_and_hears_again_after_it(
 
     caplog.set_level(logging.INFO, logger=listener_module.__name__)
     with private_cluster() as cluster:
-        conninfo = f"host=127.0.0.1 port={cluster.port} user=postgres dbname=postgres"
-        listening = PgListener(conninfo, {"probe": hear})
+        listening = PgListener(cluster.conninfo, {"probe": hear})
         listening.start()
         try:
             assert connected.wait(10)
@@ -75,7 +74,7 @@ def test_the_listener_logs_an_outage_sparingly_and_hears_again_after_it(
 
             cluster.start()
             assert connected.wait(10), "the listener never reconnected"
-            with psycopg.connect(conninfo, autocommit=True) as conn:
+            with psycopg.connect(cluster.conninfo, autocommit=True) as conn:
                 conn.execute("NOTIFY probe, 'after the outage'")
             wait_until(lambda: "after the outage" in heard, timeout=10,
                        what="a notification after the outage")
