@@ -31,18 +31,18 @@ class FailureStreak:
         self._back_message = back_message
         self._level = level
         self._every = FAILURES_PER_REMINDER
-        self.in_a_row = 0
+        self._in_a_row = 0
 
     def failed(self, exc: BaseException) -> None:
         """Count a failure; log the first (with its traceback) and every `every`-th
         after it, at the streak's level."""
-        self.in_a_row += 1
-        if (self.in_a_row - 1) % self._every == 0:
+        self._in_a_row += 1
+        if (self._in_a_row - 1) % self._every == 0:
             self._log.log(self._level, self._failed_message, type(exc).__name__,
-                          self.in_a_row, exc_info=exc if self.in_a_row == 1 else None)
+                          self._in_a_row, exc_info=exc if self._in_a_row == 1 else None)
 
     def succeeded(self) -> None:
         """The call worked: say so if it had been failing, and start counting afresh."""
-        if self.in_a_row:
-            self._log.info(self._back_message, self.in_a_row)
-            self.in_a_row = 0
+        if self._in_a_row:
+            self._log.info(self._back_message, self._in_a_row)
+            self._in_a_row = 0

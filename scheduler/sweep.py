@@ -31,8 +31,7 @@ def sweep_once(db: Database, settings: Settings, *, stop: threading.Event,
                hurry: threading.Event | None = None) -> dict[str, Any]:
     """Run one pass; the summary `taskward sweep --json` prints. `stop` ends its
     claiming and drains step 2's attempts, `hurry` cuts that drain short."""
-    leases.check_clock(db, settings)
-    summary: dict[str, Any] = {"expired": leases.expire(db)}
+    summary: dict[str, Any] = {"expired": _expire(db, settings)}
     summary.update(execute_due(db, settings, stop=stop, hurry=hurry))
     summary.update(_after_execution(db, settings))
     return summary
@@ -40,8 +39,13 @@ def sweep_once(db: Database, settings: Settings, *, stop: threading.Event,
 
 def maintain(db: Database, settings: Settings) -> dict[str, Any]:
     """The pass without step 2, for the loop's timer."""
+    return {"expired": _expire(db, settings), **_after_execution(db, settings)}
+
+
+def _expire(db: Database, settings: Settings) -> dict[str, int]:
+    """Step 1, once the clock it judges leases by is checked against the store's."""
     leases.check_clock(db, settings)
-    return {"expired": leases.expire(db), **_after_execution(db, settings)}
+    return leases.expire(db)
 
 
 def _after_execution(db: Database, settings: Settings) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 # by an operator, or by a managed service whose storage is nearly full). psycopg raises
 # it as an `InternalError`. Reads still work.
 _READ_ONLY = "25006"
+_CAUSES_LOOKED_AT = 8  # chains are short; a cycle of causes must not loop for ever
 
 
 def is_store_outage(exc: BaseException) -> bool:
@@ -33,6 +34,3 @@ def outage_behind(exc: BaseException) -> BaseException | None:
             return seen
         seen = seen.__cause__
     return None
-
-
-_CAUSES_LOOKED_AT = 8  # chains are short; a cycle of causes must not loop for ever

@@ -52,7 +52,7 @@ class _LazyGroup(click.Group):
             if not is_store_outage(exc):
                 raise
             cause = getattr(exc, "orig", None) or exc
-            said = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+            said = next(iter(str(cause).strip().splitlines()), "")
             raise click.ClickException(
                 f"the store is unavailable ({type(cause).__name__}: {said}); check "
                 "TASKWARD_DATABASE_URL and that the database server is up and takes "
