@@ -92,8 +92,10 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
     """A driver cursor on a pooled connection whose every statement commits by itself
     before it returns (a read is its own snapshot); the connection goes back to the
     pool as it came.
-    A connection found broken is dropped from the pool, as SQLAlchemy drops it."""
-    pooled = engine.raw_connection()
+    A connection found broken is dropped from the pool, as SQLAlchemy drops it; one
+    that cannot be made (the server is down) raises as SQLAlchemy's would."""
+    with _sqlalchemy_errors(engine.dialect):
+        pooled = engine.raw_connection()
     driver = pooled.driver_connection
     # sqlite3's connections of a `Database` always are (BEGIN is ours to send).
     toggled = engine.dialect.name != "sqlite"

@@ -10,7 +10,9 @@ import pytest
 from sqlalchemy import event, func, select, text
 from sqlalchemy.exc import DataError, OperationalError
 
+from core.clock import Clock
 from core.errors import InvalidInput
+from core.settings import Settings
 from core.store import connect as connect_module
 from core.store.births import (
     NewTask,
@@ -19,10 +21,12 @@ from core.store.births import (
     insert_tasks,
     task_rows,
 )
+from core.store.connect import create_db_engine
 from core.store.database import WORK_CHANNEL, Database
 from core.store.line import places
 from core.store.pg_async import AutocommitConnections
 from core.tables import responses, task_events, tasks
+from tests.scheduler.processes import free_port
 from tests.store.helpers import event_types, new_task, task_row
 
 
@@ -232,6 +236,19 @@ def test_births_alone_on_a_lost_connection(db: Database, model_id: str,
                 births_alone(db, [request(model_id, 1)])
         assert births_alone(db, [request(model_id, 2)])[0] is not None
     assert counts(db) == ((3, 3, 3) if seen_before_use else (2, 2, 2))
+
+
+def test_births_alone_on_a_server_that_refuses_connections_raise_as_sqlalchemy_does(
+) -> None:
+    """The pool has to connect while the server is down: SQLAlchemy's
+    `OperationalError` (the API's 503), not the driver's own (a 500)."""
+    down = Database(create_db_engine(Settings(
+        database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test")), Clock())
+    try:
+        with pytest.raises(OperationalError):
+            births_alone(down, [request("words", 0)])
+    finally:
+        down.dispose()
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
