@@ -28,6 +28,7 @@ from sqlalchemy.exc import DataError, DBAPIError
 
 from core.bodies import field_path
 from core.errors import DomainError, TooManyRequests, Unauthorized
+from core.failure_streak import FailureTally
 from core.objects import task_object
 from handlers.limits import reset_header
 from handlers.slow_clients import BodyTimeout, ClientDisconnected
@@ -35,6 +36,11 @@ from handlers.threads import store_unavailable
 
 log = logging.getLogger("taskward.http")
 
+# Clients retry a 503 every second (`Retry-After: 1`): one line per answer would be
+# one per client a second for as long as the store is out.
+_OUTAGE_ANSWERS = FailureTally(
+    log, "store unavailable (%s): requests are answered 503 store_unavailable",
+    "store still unavailable (%s): %d more requests answered 503 store_unavailable")
 _RETRYABLE_4XX = frozenset({408, 429})
 _HTTP_CODES = {
     400: "bad_request",
@@ -96,8 +102,7 @@ def problem_of(exc: Exception) -> ProblemDetailsException:
         return problem(422, "validation_error",
                        "a value contains a character that cannot be stored")
     if store_unavailable(exc):
-        cause = exc.orig if isinstance(exc, DBAPIError) else exc
-        log.warning("store unavailable: %s", type(cause).__name__)
+        _OUTAGE_ANSWERS.failed(exc.orig if isinstance(exc, DBAPIError) and exc.orig else exc)
         return problem(503, "store_unavailable", "the store is unavailable; try again",
                        headers={"Retry-After": "1"})
     log.exception("unhandled %s", type(exc).__name__)

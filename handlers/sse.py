@@ -25,6 +25,7 @@ from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
 from core.errors import NotFound
+from core.failure_streak import FailureTally
 from core.objects import TERMINAL_EVENTS, Record, event_object
 from core.states import TERMINAL, Status
 from core.store.birth_event import birth_event
@@ -35,6 +36,10 @@ from handlers.live import LiveTail
 from handlers.threads import blocking, store_unavailable
 
 log = logging.getLogger("taskward.http")
+# An outage ends every open stream at once: one line for them, not one each.
+_STREAMS_ENDED = FailureTally(
+    log, "event streams end: store unavailable (%s); their clients resume from their last id",
+    "store still unavailable (%s): %d more event streams ended")
 
 KEEPALIVE_SECONDS = 15.0
 AUTH_RECHECK_SECONDS = 1.0  # how soon an idle stream of a revoked client ends
@@ -144,8 +149,7 @@ async def _follow(
             raise
         # Its status was sent long ago: the stream ends whole, and the client resumes
         # from the last `id` it read once the store answers (docs/events.md).
-        log.warning("stream of task %s ended: store unavailable (%s)", task_id,
-                    type(exc).__name__)
+        _STREAMS_ENDED.failed(exc)
     finally:
         held()
 

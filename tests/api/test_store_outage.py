@@ -112,6 +112,28 @@ def test_a_store_that_stops_answering_gets_503_within_the_bound(
                      timeout=10).status_code == 200
 
 
+def test_an_outage_is_one_line_in_the_log_not_one_per_answer(
+    cluster: PgCluster, service: Service, tmp_path: Path
+) -> None:
+    """Clients retry a 503 every second: a server process logs the outage's first
+    answer, then one reminder a minute (`core.failure_streak.FailureTally`)."""
+    token = service.admin_token()
+    assert create(service, token).status_code == 202
+
+    cluster.stop()
+    try:
+        answers = [create(service, token).status_code for _ in range(20)]
+    finally:
+        cluster.start()
+
+    assert answers == [503] * 20
+    logged = (tmp_path / "serve.log").read_text()
+    outage_lines = [line for line in logged.splitlines() if "store unavailable" in line]
+    assert len(outage_lines) == 1, logged
+    assert "store unavailable (OperationalError): requests are answered 503" in outage_lines[0]
+    assert "Traceback" not in logged
+
+
 def test_a_creation_still_queued_at_the_bound_is_never_written(
     cluster: PgCluster, store: Database, service: Service
 ) -> None:
@@ -172,7 +194,9 @@ def test_a_stream_the_stalled_store_cuts_off_ends_whole_and_resumes(
             assert ended[0] - stalled_at <= WAIT_SECONDS + SLACK_SECONDS + 1  # + its auth recheck
 
         assert ids == ["1"]
-        assert "Traceback" not in (tmp_path / "serve.log").read_text()
+        logged = (tmp_path / "serve.log").read_text()
+        assert "Traceback" not in logged
+        assert logged.count("event streams end: store unavailable (StoreTimeout)") == 1
         ready_again(service)
         resumed = httpx.get(url, timeout=10, headers=headers, params={"after": ids[-1]})
         assert resumed.status_code == 200 and resumed.json()["data"] == []

@@ -241,3 +241,46 @@ def assert_logged_sparingly(caplog: pytest.LogCaptureFixture, failed: str, back:
     assert ended.levelno == logging.INFO
     failures = re.search(r"after (\d+) failed attempts$", ended.getMessage())
     assert failures and logged[-1] <= int(failures[1]) < logged[-1] + REMINDER
+
+
+class FakeMonotonic:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_tally_logs_an_outages_first_failure_then_a_count_a_minute(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeMonotonic()
+    tally = failure_streak.FailureTally(
+        logging.getLogger("tally"), "out (%s)", "still out (%s): %d more", clock=clock)
+    caplog.set_level(logging.WARNING, logger="tally")
+
+    for _ in range(30):  # one a second for half a minute, then a minute's worth
+        tally.failed(OperationalError("select", {}, ConnectionRefusedError()))
+        clock.now += 1
+    for _ in range(60):
+        tally.failed(TimeoutError())
+        clock.now += 1
+
+    assert [r.getMessage() for r in caplog.records] == [
+        "out (OperationalError)", "still out (TimeoutError): 60 more"]
+    assert {r.levelno for r in caplog.records} == {logging.WARNING}
+
+
+def test_a_tally_takes_a_failure_after_a_quiet_minute_for_a_new_outage(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeMonotonic()
+    tally = failure_streak.FailureTally(
+        logging.getLogger("tally"), "out (%s)", "still out (%s): %d more", clock=clock)
+    caplog.set_level(logging.WARNING, logger="tally")
+
+    tally.failed(TimeoutError())
+    clock.now += 59
+    tally.failed(TimeoutError())  # the same outage: counted, not logged
+    clock.now += 60
+    tally.failed(TimeoutError())  # a quiet minute before it: a new outage
+
+    assert [r.getMessage() for r in caplog.records] == ["out (TimeoutError)"] * 2
