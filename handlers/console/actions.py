@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, post
+from litestar.exceptions import ClientException
 from litestar.response import Redirect
 
 from core.console_sessions import ConsoleSession
@@ -37,8 +38,16 @@ _MAX_TOKEN_LENGTH = 512
 
 
 async def _field(request: AnyRequest, name: str, max_length: int) -> str:
-    """One text field of a url-encoded or multipart form ('' when absent)."""
-    value = (await request.form()).get(name, "")
+    """One text field of a url-encoded or multipart form ('' when absent).
+
+    Litestar decodes a multipart part by the charset it names, and lets the error of a
+    part its charset cannot decode, or of a charset Python does not know, escape: a
+    form no browser sends, answered 400 like any other malformed body."""
+    try:
+        form = await request.form()
+    except (UnicodeError, LookupError):
+        raise ClientException("the form could not be decoded") from None
+    value = form.get(name, "")
     if not isinstance(value, str) or len(value) > max_length:
         raise InvalidInput("validation_error", f"{name}: not a valid value",
                            extra={"field": name})
