@@ -15,14 +15,15 @@ from litestar.params import Parameter
 from core.errors import NotFound
 from handlers.console.render import ASSETS, asset_bytes
 
-_MEDIA_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+# Litestar adds `; charset=utf-8` to a text type itself.
+_MEDIA_TYPES = {".css": "text/css", ".js": "text/javascript"}
 _FILES = {name: asset_bytes(name) for name in ASSETS}
 _HEADERS = {"Cache-Control": "public, max-age=31536000, immutable",
             "X-Content-Type-Options": "nosniff"}
 
 
 @get("/static/{name:str}")
-async def asset(name: Annotated[str, Parameter(max_length=64)]) -> Response[bytes]:
+async def asset(name: Annotated[str, Parameter()]) -> Response[bytes]:
     body = _FILES.get(name)
     if body is None:
         raise NotFound("asset_not_found", "no such console asset")

@@ -187,3 +187,21 @@ def test_an_upstream_model_shows_its_urls_in_place_of_a_digest() -> None:
     page = html("models.html", session=session, page="models", models=[entry]).content
     assert "http://gpu-1:8000/v1" in page and "http://gpu-2:8000/v1" in page
     assert "Qwen/Qwen2.5-7B" in page and "None" not in page
+
+
+def test_the_pages_assets_are_served_with_one_charset_and_cached_for_a_year(
+        console: Console) -> None:
+    linked = set(re.findall(r'/console/static/[^"?]+', console.page("/console")))
+    assert {path.rsplit(".", 1)[1] for path in linked} == {"css", "js"}
+    for path in linked:
+        answer = console.http.get(path)
+        assert answer.status_code == 200
+        kind = "text/css" if path.endswith(".css") else "text/javascript"
+        assert answer.headers["content-type"] == f"{kind}; charset=utf-8"
+        assert "immutable" in answer.headers["cache-control"]
+
+
+def test_an_asset_of_no_such_name_is_not_found_however_long(console: Console) -> None:
+    for name in ("nope.css", "a" * 65 + ".js", "x" * 2000):
+        answer = console.http.get(f"/console/static/{name}")
+        assert answer.status_code == 404 and "asset_not_found" in answer.text
