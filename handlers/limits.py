@@ -20,6 +20,9 @@ from core.errors import TooManyRequests
 from core.settings import Settings
 
 _MAX_CLIENTS = 10_000  # buckets kept; beyond it the idlest are dropped (a full bucket)
+# The longest `Retry-After` a slow bucket names: a rate as small as the API admits
+# (5e-324 per second) would otherwise name an infinite wait, or one of 300 digits.
+_LONGEST_RETRY_SECONDS = 86_400.0
 
 
 @dataclass
@@ -55,7 +58,8 @@ class ClientLimits:
             return
         raise TooManyRequests("rate_limited", f"this client may send {rate:g} requests per "
                               "second; slow down", limit=rate,
-                              retry_after=(1 - bucket.tokens) / rate)
+                              retry_after=min((1 - bucket.tokens) / rate,
+                                              _LONGEST_RETRY_SECONDS))
 
     def hold_stream(self, client: Client, *, refuse: bool = True) -> Callable[[], None]:
         """Count one more stream or wait of the client, or `too_many_streams` (unless

@@ -94,6 +94,21 @@ def test_the_request_rate_is_refused_beyond_the_bucket_with_the_headers(
     assert float(refused.headers["retry-after-ms"]) <= 1000
 
 
+def test_a_rate_too_small_to_refill_names_a_wait_of_a_day_at_most(
+    db: Database, http: TestClient[Any]
+) -> None:
+    """The API admits any rate from 0 up: at 5e-324 a second (the smallest float) the
+    bucket's wait overflowed to infinity (a 500), and at 1e-300 it was 300 digits."""
+    for rate in (5e-324, 1e-300):
+        limited = _limited(db, http, requests_per_second=rate)
+        assert limited.get("/v1/tasks").status_code == 200
+        refused = limited.get("/v1/tasks")
+        _assert_limit_headers(refused, f"{rate:g}")
+        assert refused.headers["retry-after"] == "86400"
+        assert refused.headers["retry-after-ms"] == "86400000"
+        assert refused.headers["x-ratelimit-reset-requests"] == "1440m0s"
+
+
 def test_a_replay_passes_an_empty_rate_bucket(
     db: Database, http: TestClient[Any], model_id: str
 ) -> None:
