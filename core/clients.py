@@ -90,11 +90,12 @@ def parse_pairing_code(code: str) -> tuple[str, str] | None:
 
 def parse_scopes(values: Iterable[str]) -> frozenset[str]:
     """Known scope names, or `unknown_scope`; at least one is required."""
-    scopes = frozenset(value.strip() for value in values if value.strip())
-    unknown = sorted(scopes - set(SCOPES))
-    if unknown:
-        raise InvalidInput("unknown_scope", f"unknown scope {unknown[0]!r}; known: "
-                           + ", ".join(SCOPES), extra={"field": "scopes"})
+    listed = [value.strip() for value in values]
+    unknown = [at for at, scope in enumerate(listed) if scope and scope not in SCOPES]
+    if unknown:  # named by its place: a value sent is never repeated
+        raise InvalidInput("unknown_scope", f"scopes[{unknown[0]}] is not a known scope; "
+                           "known: " + ", ".join(SCOPES), extra={"field": "scopes"})
+    scopes = frozenset(scope for scope in listed if scope)
     if not scopes:
         raise InvalidInput("validation_error", "at least one scope is required",
                            extra={"field": "scopes"})

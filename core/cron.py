@@ -53,6 +53,7 @@ _FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
     ("month", 1, 12, _MONTHS),
     ("day of week", 0, 7, _DAYS),
 )
+_NOT_CRON = re.compile(r"[^a-z0-9*,/@-]")  # the expression is lower-cased before parsing
 _ITEM = re.compile(r"^(?:(\*)|([a-z0-9]+)(?:-([a-z0-9]+))?)(?:/([0-9]+))?$")
 
 
@@ -81,15 +82,21 @@ def _refuse(message: str) -> InvalidInput:
     return InvalidInput("invalid_cron", message, extra={"field": "cron"})
 
 
+def _excerpt(token: str) -> str:
+    """What of a refused token a message may show: 12 characters at most, and only
+    cron's own (`*` `,` `/` `-` `@`, letters, digits); any other becomes `?`."""
+    return repr(_NOT_CRON.sub("?", token[:12]))
+
+
 def _value(token: str, field: str, lo: int, hi: int, names: dict[str, int]) -> int:
     if token.isdigit():
         value = int(token)
     elif token in names:
         value = names[token]
     else:
-        raise _refuse(f"{field}: {token[:12]!r} is neither a number nor a known name")
+        raise _refuse(f"{field}: {_excerpt(token)} is neither a number nor a known name")
     if not lo <= value <= hi:
-        raise _refuse(f"{field}: {value} is outside {lo}-{hi}")
+        raise _refuse(f"{field}: {_excerpt(token)} is outside {lo}-{hi}")
     return value
 
 
@@ -98,7 +105,7 @@ def _parse_field(text: str, field: str, lo: int, hi: int, names: dict[str, int])
     for item in text.split(","):
         match = _ITEM.match(item)
         if match is None:
-            raise _refuse(f"{field}: {item[:12]!r} is not a value, range, list or step")
+            raise _refuse(f"{field}: {_excerpt(item)} is not a value, range, list or step")
         star, first, last, step_text = match.groups()
         if first is not None and last is None and step_text is not None:
             raise _refuse(f"{field}: a step needs a range or '*' before it")
@@ -137,7 +144,7 @@ def parse_cron(expr: str) -> CronSpec:
     text = expr.strip().lower()
     if text.startswith("@"):
         if text not in _MACROS:
-            raise _refuse(f"{text[:12]!r} is not supported; use a 5-field expression")
+            raise _refuse(f"{_excerpt(text)} is not supported; use a 5-field expression")
         text = _MACROS[text]
     fields = text.split()
     if len(fields) != 5:

@@ -6,6 +6,7 @@ No test freezes the clock: every function under test takes its times as argument
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -313,6 +314,19 @@ def test_29_february_is_accepted() -> None:
 def test_the_refusal_names_the_field_at_fault() -> None:
     with pytest.raises(InvalidInput, match="minute"):
         parse_cron("61 * * * *")
+
+
+@pytest.mark.parametrize("expr", [
+    "<script>a * * * *", "* * \u2028x * *", "@<b>secret-macro", "9" * 150 + " * * * *",
+    "1-<img> * * * *"])
+def test_a_refusal_shows_a_bounded_excerpt_in_crons_own_characters_only(expr: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse_cron(expr)
+    excerpt = re.search(r"'([^']*)'", caught.value.message)
+    assert excerpt is not None, caught.value.message
+    assert len(excerpt[1]) <= 12
+    assert re.fullmatch(r"[a-z0-9*,/@?-]*", excerpt[1]), caught.value.message
+    assert len(caught.value.message) < 100
 
 
 # --- properties against croniter in Vixie mode ----------------------------------------

@@ -95,6 +95,14 @@ def test_unknown_scopes_are_refused(admin: Caller) -> None:
     assert (answer.status_code, answer.json()["code"]) == (422, "unknown_scope")
 
 
+def test_an_unknown_scope_is_named_by_its_place_never_repeated(admin: Caller) -> None:
+    sent = "Z" * 10_000 + "<script>"
+    answer = admin.post("/v1/pairing-codes", json={"scopes": ["tasks:read", sent]})
+    assert (answer.status_code, answer.json()["code"]) == (422, "unknown_scope")
+    assert answer.json()["detail"].startswith("scopes[1] is not a known scope; known: ")
+    assert "ZZZ" not in answer.text and "script" not in answer.text
+
+
 def test_a_revoked_client_is_refused(admin: Caller, alice: Caller) -> None:
     assert alice.get("/v1/tasks").status_code == 200
     assert admin.delete(f"/v1/clients/{alice.id}").status_code == 204
