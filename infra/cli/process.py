@@ -19,6 +19,7 @@ from core.settings import Settings, SettingsError, load_settings
 from core.store.recovery import recover as recover_tasks
 from infra.cli import collector_paused
 from infra.cli.context import database, domain_errors, emit, settings_or_exit
+from infra.cli.listen_address import ensure_free, listen_options
 from infra.migrate import upgrade
 from infra.stop_signals import stop_then_hurry, wait_for
 
@@ -98,13 +99,13 @@ def sweeper(schedule: str | None) -> None:
 
 
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@listen_options
 def run(host: str, port: int) -> None:
     """All-in-one: migrate, recover, then the API and the sweeper loop in one process."""
     with collector_paused():
         from infra.runtime import prepare, serve_all_in_one
     settings = _worker_settings()
+    ensure_free(host, port)  # before the store is touched: a refused `run` leaves no trace
     with domain_errors():
         prepared = prepare(settings)
     click.echo(f"schema at {prepared.revision}; recovered: "

@@ -5,19 +5,21 @@ from __future__ import annotations
 import click
 
 from infra.cli.context import database, settings_or_exit
+from infra.cli.listen_address import ensure_free, listen_options
 from infra.server import serve as serve_api
 
 
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@listen_options
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 256),
               help="granian worker processes, each with its own app.")
 def serve(host: str, port: int, workers: int) -> None:
-    """Serve the HTTP API. Settings and the schema are checked before any worker starts."""
+    """Serve the HTTP API. Settings, the schema and the address are checked before any
+    worker starts."""
     settings = settings_or_exit()
     with database(settings):
         pass
+    ensure_free(host, port)
     serve_api(host=host, port=port, workers=workers,
               idle_timeout_seconds=settings.http_idle_timeout_seconds)
 
