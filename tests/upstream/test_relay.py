@@ -14,6 +14,7 @@ import pytest
 from core.engines.base import Chunk, EngineError, EngineOptions, GenerationRequest, UpstreamModel
 from core.engines.upstream.engine import OpenAIEngine
 from core.engines.upstream.routing import Router
+from tests.scheduler.processes import free_port
 from tests.thread_switches import voluntary_switches
 from tests.upstream.scripted import USAGE, Scripted, delta
 
@@ -190,3 +191,14 @@ def test_an_attempt_that_ended_leaves_its_connection_to_the_next(
         emitted = generated(server, emit=True)[1]
         assert [chunk.text for chunk, _ in emitted] == ["One", ""]
     assert server.connections == 1
+
+
+def test_a_refused_connection_backs_the_attempt_off_until_its_url_cools_down() -> None:
+    """The only URL refuses: the retry waits out the URL's cool-down (docs/upstream.md),
+    rather than being claimed inside it and spent without a request."""
+    entry = UpstreamModel("m", (f"http://127.0.0.1:{free_port()}/v1",), "smollm2", None, 8, 10)
+    loaded = OpenAIEngine(EngineOptions(upstream_cooldown_seconds=7), Router()).load(entry)
+    with pytest.raises(EngineError) as refused:
+        list(loaded.generate(REQUEST, None, lambda: False))
+    assert (refused.value.code, refused.value.retryable) == ("upstream_unavailable", True)
+    assert 6 <= (refused.value.retry_after_seconds or 0) <= 7

@@ -226,7 +226,7 @@ class UpstreamLoaded:
         while not should_stop():
             url = self._router.pick(self._entry.base_urls, tried)
             if url is None:
-                raise last or self._all_cooling()
+                raise self._cooled(last) if last else self._all_cooling()
             tried.add(url)
             try:
                 with self._router.using(url):
@@ -246,6 +246,14 @@ class UpstreamLoaded:
                               f"environment variable {name} (api_key_env) is not set",
                               retryable=False)
         return {"Authorization": f"Bearer {key}"}
+
+    def _cooled(self, last: EngineError) -> EngineError:
+        """The last URL's failure, backed off at least until a URL leaves its cool-down:
+        a retry sooner (the worker's backoff is 1-2 s, a cool-down 10) found every URL
+        cooling and spent an attempt without a request."""
+        wait = self._router.cooldown_left_seconds(self._entry.base_urls)
+        last.retry_after_seconds = max(last.retry_after_seconds or 0, wait) or None
+        return last
 
     def _all_cooling(self) -> EngineError:
         urls = self._entry.base_urls
