@@ -33,8 +33,21 @@ from core.errors import InvalidInput
 ENV_PREFIX = "TASKWARD_"
 TOML_FILE = "taskward.toml"
 
-Positive = Annotated[float, Meta(gt=0)]
-NonNegative = Annotated[float, Meta(ge=0)]
+# Every number has an upper bound as well as a lower one: a value read as `inf` or
+# `1e300` passed a lower bound alone, then overflowed where it was used (an `int()` of
+# it, a store's 64-bit time column, a C `int`). Durations stop at a year (`_hours`:
+# ten years), far inside what milliseconds since the epoch plus a duration can hold.
+YEAR_SECONDS = 31_536_000
+TEN_YEARS_HOURS = 87_600
+Seconds = Annotated[float, Meta(gt=0, le=YEAR_SECONDS)]
+SecondsOrZero = Annotated[float, Meta(ge=0, le=YEAR_SECONDS)]
+Hours = Annotated[float, Meta(gt=0, le=TEN_YEARS_HOURS)]
+# A client's own limits have the same bounds (`handlers/clients.py`); INTEGER columns.
+ClientTasks = Annotated[int, Meta(ge=0, le=10**9)]
+ClientRate = Annotated[float, Meta(ge=0, le=10**6)]
+ClientStreams = Annotated[int, Meta(ge=1, le=10**6)]
+
+DATABASE_URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
 
 
 class SettingsError(Exception):
@@ -50,20 +63,21 @@ class Settings:
     models_dir: Path = Path("./models")
     node_id: Annotated[str, Meta(min_length=1, max_length=200)] = field(
         default_factory=socket.gethostname)
-    lease_seconds: Positive = 30.0
-    heartbeat_seconds: Positive = 10.0
+    lease_seconds: Seconds = 30.0
+    heartbeat_seconds: Seconds = 10.0
     # The engine batches a model's attempts: raise it to 8 for throughput (docs/operations.md).
     worker_concurrency: Annotated[int, Meta(ge=1, le=256)] = 2
     sweep_schedule: str = "* * * * *"
-    task_timeout_seconds: Positive = 600.0
-    max_attempts_default: Annotated[int, Meta(ge=1)] = 3
+    task_timeout_seconds: Seconds = 600.0
+    max_attempts_default: Annotated[int, Meta(ge=1, le=1000)] = 3
     max_attempts_cap: Annotated[int, Meta(ge=1, le=1000)] = 10
-    retention_hours: Positive = 168.0
-    idempotency_ttl_hours: Positive = 24.0
-    max_body_bytes: Annotated[int, Meta(ge=1024)] = 1_048_576
+    retention_hours: Hours = 168.0
+    idempotency_ttl_hours: Hours = 24.0
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 1_048_576
     # Knobs a production operator expects to have (docs/settings.md lists them all).
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
-    sqlite_busy_timeout_ms: Annotated[int, Meta(ge=0)] = 10_000
+    # At most an hour, as TASKWARD_STORE_WAIT_SECONDS (SQLite holds it in a C `int`).
+    sqlite_busy_timeout_ms: Annotated[int, Meta(ge=0, le=3_600_000)] = 10_000
     # One decode loop per loaded model computes with this many threads, whatever the
     # concurrency; more threads than usable cores only spin (docs/operations.md).
     engine_threads: Annotated[int, Meta(ge=1, le=256)] = field(default_factory=usable_cores)
@@ -74,13 +88,13 @@ class Settings:
     engine_host_lock: str = ""
     model_cache_size: Annotated[int, Meta(ge=1, le=32)] = 2
     sync_timeout_seconds: Annotated[float, Meta(gt=0, le=600)] = 60.0
-    pairing_code_ttl_seconds: Positive = 600.0
+    pairing_code_ttl_seconds: Seconds = 600.0
     retention_batch_size: Annotated[int, Meta(ge=1, le=100_000)] = 2000
     flush_interval_ms: Annotated[int, Meta(ge=1, le=10_000)] = 100
-    flush_bytes: Annotated[int, Meta(ge=1)] = 512
-    drain_seconds: NonNegative = 20.0
-    backoff_base_seconds: Positive = 2.0
-    backoff_max_seconds: Positive = 300.0
+    flush_bytes: Annotated[int, Meta(ge=1, le=1 << 24)] = 512
+    drain_seconds: SecondsOrZero = 20.0
+    backoff_base_seconds: Seconds = 2.0
+    backoff_max_seconds: Seconds = 300.0
     poll_interval_ms: Annotated[int, Meta(ge=5, le=10_000)] = 50
     # Slow clients (docs/operations.md): a connection that sends no complete request
     # head for this long is closed (a fresh idle one, a keep-alive one, trickled
@@ -93,9 +107,9 @@ class Settings:
     store_wait_seconds: Annotated[float, Meta(gt=0, le=3600)] = 30.0
     console_session_hours: Annotated[float, Meta(gt=0, le=720)] = 8.0  # an operator console login
     # Per-client defaults (`core.quotas`): a client's own value, when set, wins.
-    client_max_active_tasks: Annotated[int, Meta(ge=0)] = 0  # 0 = unlimited
-    client_requests_per_second: NonNegative = 0.0  # 0 = unlimited
-    client_max_streams: Annotated[int, Meta(ge=1)] = 100
+    client_max_active_tasks: ClientTasks = 0  # 0 = unlimited
+    client_requests_per_second: ClientRate = 0.0  # 0 = unlimited
+    client_max_streams: ClientStreams = 100
     # Extra engine plug-ins: comma-separated module names imported at start-up, each
     # registering engines with `core.engines.registry.register_engine`.
     engine_modules: str = ""
@@ -107,17 +121,21 @@ class Settings:
     upstream_cooldown_seconds: Annotated[float, Meta(gt=0, le=3600)] = 10.0
 
     def __post_init__(self) -> None:
-        """The checks no single bound states, and `models_dir` anchored: model paths
-        are stored relative to it and joined with it later, so "./models" must mean
-        one place from start-up on."""
-        object.__setattr__(self, "models_dir", Path(self.models_dir).expanduser().absolute())
+        """The checks no single bound states (the database URL's form among them),
+        and `models_dir` anchored: model paths are stored relative to it and joined
+        with it later, so "./models" must mean one place from start-up on."""
+        given = Path(self.models_dir)
+        try:
+            models_dir = given.expanduser().absolute()
+        except RuntimeError:  # `~name/…` of a user this system does not know
+            raise SettingsError(
+                f"TASKWARD_MODELS_DIR: {given.parts[0]} is no user's home directory here") from None
+        object.__setattr__(self, "models_dir", models_dir)
+        check_database_url(self.database_url)
         try:
             parse_cron(self.sweep_schedule)  # the one meaning of a cron expression, as
         except InvalidInput as exc:  # schedules have
             raise SettingsError(f"TASKWARD_SWEEP_SCHEDULE: {exc.message}") from None
-        if not self.database_url.startswith(("sqlite:///", "postgresql")):
-            raise SettingsError(
-                "TASKWARD_DATABASE_URL: must be sqlite:///PATH or postgresql+psycopg://…")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise SettingsError(
                 "TASKWARD_HEARTBEAT_SECONDS must be shorter than TASKWARD_LEASE_SECONDS")
@@ -178,11 +196,59 @@ def _read_file() -> dict[str, Any]:
         return {}
     import tomllib  # only with a file: its import compiles regexes at every start
 
-    with open(TOML_FILE, "rb") as file:
-        try:
+    try:
+        with open(TOML_FILE, "rb") as file:
             return tomllib.load(file)
-        except tomllib.TOMLDecodeError as exc:
-            raise SettingsError(f"{TOML_FILE}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{TOML_FILE}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{TOML_FILE}: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+                            f"at offset {exc.start})") from None
+    except OSError as exc:
+        raise SettingsError(f"{TOML_FILE}: cannot read it: {exc.strerror}") from None
+
+
+def check_database_url(url: str) -> None:
+    """`SettingsError` unless `url` names a store taskward can open: SQLite's file
+    (not `:memory:`, which each connection sees apart) through the standard driver,
+    or PostgreSQL through psycopg, the driver `core.store.libpq` speaks to.
+
+    Only the URL's form is checked here; whether its file is a store is
+    `core.store.connect`'s to find out. The message never quotes the URL: a
+    PostgreSQL URL may carry a password.
+    """
+    from sqlalchemy.engine import make_url  # every caller opens the store next
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+        port = parsed.port
+    except ArgumentError:
+        raise _bad_url("not a database URL") from None
+    except ValueError:  # SQLAlchemy reads the port with int()
+        raise _bad_url("its port is not a number") from None
+    backend, _, driver = parsed.drivername.partition("+")
+    parts = (parsed.username, parsed.password, parsed.host, parsed.database)
+    if any("\x00" in part for part in parts if part):
+        raise _bad_url("it holds a NUL byte")
+    if backend == "sqlite":
+        if driver not in ("", "pysqlite"):
+            raise _bad_url(f"the SQLite driver {driver} is not pysqlite")
+        if parsed.host or parsed.username or port is not None:
+            raise _bad_url("a SQLite URL names no host (three slashes before the path)")
+        if not parsed.database or parsed.database == ":memory:":
+            raise _bad_url("it names no database file")
+    elif backend == "postgresql":
+        if driver not in ("", "psycopg"):
+            raise _bad_url(f"the PostgreSQL driver {driver} is not psycopg")
+        if port is not None and not 1 <= port <= 65535:
+            raise _bad_url("its port is not in 1..65535")
+    else:
+        raise _bad_url(f"{backend} is neither sqlite nor postgresql")
+
+
+def _bad_url(what: str) -> SettingsError:
+    return SettingsError(f"TASKWARD_DATABASE_URL: {what}; expected {DATABASE_URL_FORMS}")
 
 
 def decode_path(kind: type, value: Any) -> Any:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import pytest
+from msgspec import Meta
 
-from core.settings import SettingsError, load_settings
+from core.settings import TEN_YEARS_HOURS, YEAR_SECONDS, Settings, SettingsError, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -134,3 +136,81 @@ def test_settings_built_directly_are_checked_for_consistency() -> None:
     settings = load_settings()
     with pytest.raises(SettingsError, match="TASKWARD_HEARTBEAT_SECONDS"):
         replace(settings, heartbeat_seconds=settings.lease_seconds)
+
+
+def _numbers() -> dict[str, Meta]:
+    """Each numeric setting's bounds, by name."""
+    bare, annotated = get_type_hints(Settings), get_type_hints(Settings, include_extras=True)
+    return {name: next((m for m in get_args(annotated[name]) if isinstance(m, Meta)), Meta())
+            for name, kind in bare.items() if kind in (int, float)}
+
+
+def test_every_number_has_an_upper_bound() -> None:
+    # A lower bound alone let `inf` and `1e300` through, to overflow where they were used.
+    assert [name for name, meta in _numbers().items() if meta.le is None] == []
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "99999999999999999999999"])
+@pytest.mark.parametrize("name", sorted(_numbers()))
+def test_a_number_past_what_can_be_held_is_named(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(f"TASKWARD_{name.upper()}", value)
+    with pytest.raises(SettingsError, match=rf"^TASKWARD_{name.upper()}: "):
+        load_settings()
+
+
+def test_every_number_is_taken_at_its_upper_bound() -> None:
+    at_bound: dict[str, object] = {name: meta.le for name, meta in _numbers().items()}
+    at_bound["heartbeat_seconds"] = YEAR_SECONDS - 1  # shorter than the lease
+    settings = load_settings(**at_bound)
+    assert settings.retention_hours == TEN_YEARS_HOURS
+    assert settings.lease_seconds == YEAR_SECONDS
+
+
+@pytest.mark.parametrize(("url", "what"), [
+    ("postgresqlfoo", "not a database URL"),
+    ("postgresql+psycopg://u:hunter2@h:notaport/db", "its port is not a number"),
+    ("postgresql+psycopg://u:hunter2@[::1/x", "its port is not a number"),
+    ("postgresql+psycopg://u:hunter2@h:70000/db", "its port is not in 1..65535"),
+    ("postgresql+nosuchdriver://x/y", "the PostgreSQL driver nosuchdriver is not psycopg"),
+    ("postgresql+psycopg2://u:hunter2@h/db", "the PostgreSQL driver psycopg2 is not psycopg"),
+    ("mysql://u:hunter2@h/db", "mysql is neither sqlite nor postgresql"),
+    ("sqlite+apsw:///x.db", "the SQLite driver apsw is not pysqlite"),
+    ("sqlite://", "it names no database file"),
+    ("sqlite:///", "it names no database file"),
+    ("sqlite:///:memory:", "it names no database file"),
+    ("sqlite:///%00", "it holds a NUL byte"),
+    ("sqlite://host/x.db", "a SQLite URL names no host (three slashes before the path)"),
+])
+def test_a_database_url_of_no_form_taskward_opens_is_named_without_its_password(
+    monkeypatch: pytest.MonkeyPatch, url: str, what: str
+) -> None:
+    monkeypatch.setenv("TASKWARD_DATABASE_URL", url)
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    assert str(refused.value) == (f"TASKWARD_DATABASE_URL: {what}; expected sqlite:///PATH "
+                                  "or postgresql+psycopg://USER@HOST:PORT/DB")
+    assert "hunter2" not in str(refused.value)
+
+
+@pytest.mark.parametrize("url", [
+    "sqlite:///./var/taskward.db", "sqlite:////srv/taskward/taskward.db",
+    "sqlite+pysqlite:///x.db", "postgresql+psycopg://u:p@db.internal:5432/taskward",
+    "postgresql://u@db/taskward", "postgresql+psycopg:///taskward?host=/run/postgresql"])
+def test_a_database_url_of_either_form_is_taken(url: str) -> None:
+    assert load_settings(database_url=url).database_url == url
+
+
+def test_a_models_dir_in_an_unknown_users_home_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TASKWARD_MODELS_DIR", "~nosuchuser-taskward/models")
+    with pytest.raises(SettingsError, match="^TASKWARD_MODELS_DIR: ~nosuchuser-taskward "):
+        load_settings()
+
+
+def test_a_toml_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    (tmp_path / "taskward.toml").write_bytes(b"\xff\xfe = 1")
+    with pytest.raises(SettingsError, match=r"^taskward.toml: not UTF-8 text \(byte 0xff"):
+        load_settings()

@@ -4,7 +4,9 @@ that relies on it (`BEGIN IMMEDIATE` needs the driver's autocommit, WAL the prag
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 
 from core.clock import Clock
-from core.settings import Settings
+from core.settings import Settings, SettingsError
 from core.store.database import Database
 from core.store.libpq import closed_while_idle, with_bounds
 
@@ -22,7 +24,7 @@ def create_db_engine(settings: Settings) -> Engine:
     """An engine for `settings.database_url`; SQLite gets WAL, busy timeout, synchronous."""
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite":
-        if url.database and url.database != ":memory:":
+        if url.database:
             _owner_only(Path(url.database))
         engine = create_engine(
             url,
@@ -52,25 +54,76 @@ def _not_closed_while_idle(dbapi_connection: Any, _record: Any, _proxy: Any) -> 
 
 
 def _owner_only(database: Path) -> None:
-    """Create the store's directory (0700) and file (0600) for their owner alone.
+    """Create the store's directory (0700) and file (0600) for their owner alone, or
+    `SettingsError` (one line: what is wrong, what to do) with nothing changed.
 
     Prompts and outputs live in these files. SQLite gives `-wal` and `-shm` the mode
-    of the database file, so they follow. Existing files are narrowed too (a store
-    made by an older version was 0644); an existing directory is the operator's and is
-    left as it is, unless this call created it.
+    of the database file, so they follow. An existing store is narrowed too (one made
+    by an older version was 0644); an existing directory is the operator's and is
+    left as it is, unless this call created it. Only a store is narrowed: whatever
+    else the URL names (`/dev/null`, a model file, a directory) is refused untouched,
+    where a chmod before SQLite's own check had made it 0600, as root too.
     """
-    directory = database.parent
-    if not directory.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        directory.chmod(0o700)
-    os.close(os.open(database, os.O_CREAT | os.O_RDWR, 0o600))
+    try:
+        directory = database.parent
+        if not directory.exists():
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o700)
+        if not _created(database):
+            _refuse_unless_a_store(database)
+    except OSError as exc:
+        raise SettingsError(_cannot_use(database, exc)) from None
     for path in (database, *(database.with_name(database.name + s) for s in ("-wal", "-shm"))):
         try:
-            path.chmod(0o600)
+            if stat.S_ISREG(path.stat().st_mode):
+                path.chmod(0o600)
         except FileNotFoundError:
             continue
         except PermissionError:  # another user's file: theirs to narrow
             continue
+
+
+def _created(database: Path) -> bool:
+    """Whether this call made `database` (empty and 0600); False when it was there."""
+    try:
+        os.close(os.open(database, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _refuse_unless_a_store(database: Path) -> None:
+    """`SettingsError` unless `database` is a regular file that is empty or begins as
+    every SQLite database does. Nothing else is opened: a device may act on `open`."""
+    mode = database.stat().st_mode
+    kind = next((name for test, name in _NOT_FILES if test(mode)), None)
+    if kind is None:
+        with open(database, "rb") as file:
+            head = file.read(len(_SQLITE_HEADER))
+        if not head or head == _SQLITE_HEADER:
+            return
+        kind = "a file that is not a SQLite database"
+    raise SettingsError(f"TASKWARD_DATABASE_URL names {database.absolute()}, {kind}, not a "
+                        "taskward store; nothing was changed")
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+              (stat.S_ISSOCK, "a socket"))
+
+
+def _cannot_use(database: Path, exc: OSError) -> str:
+    """The line for an `OSError` met making the store's directory or file, or reading
+    the file that is there: what failed, and what the operator can do about it."""
+    there = os.path.lexists(database)
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        todo = ("make it and its directory writable by this user" if there
+                else "make its directory writable by this user") + " or set TASKWARD_DATABASE_URL"
+    else:  # a name too long, a file where a directory should be, …
+        todo = "set TASKWARD_DATABASE_URL to a path this user can use"
+    return (f"cannot {'open' if there else 'create'} the store {database.absolute()}: "
+            f"{exc.strerror}; {todo}")
 
 
 def open_database(settings: Settings, clock: Clock | None = None) -> Database:

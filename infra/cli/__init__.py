@@ -43,10 +43,16 @@ class _LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a store that cannot be reached (or takes no writes) ends it
-        with one line that says so and what to check, not a driver's traceback."""
+        with one line that says so and what to check, not a driver's traceback, and so
+        does a setting found unusable once the command is under way (a database URL
+        that names no store: `core.store.connect`), as a bad setting at start-up does."""
         try:
             return super().invoke(ctx)
         except Exception as exc:
+            from core.settings import SettingsError  # loaded by now: the command ran
+
+            if isinstance(exc, SettingsError):
+                raise click.ClickException(f"configuration error: {exc}") from None
             from core.store.outage import is_store_outage  # loaded by now: it failed
 
             if not is_store_outage(exc):
