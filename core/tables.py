@@ -150,6 +150,9 @@ pairing_codes = Table(
     Column("failures", Integer, nullable=False, server_default="0"),
     _ms("used_at", nullable=True),
     *_limit_columns(),  # the limits the redeeming client gets
+    # The client that made it (NULL: an operator's `taskward pair`): once that client
+    # is revoked, its codes no longer redeem.
+    Column("created_by", String(40), nullable=True),
 )
 
 # A file entry (path, size, digest) or an upstream entry (`upstream`, the JSON of its

@@ -75,7 +75,7 @@ async def new_pairing_code(
         raise Forbidden("scope_not_held", "a client can only grant scopes it holds itself")
     issued = await blocking(create_pairing_code, services.db, scopes=scopes, name=data.name,
                             ttl_seconds=services.settings.pairing_code_ttl_seconds,
-                            limits=data.limits())
+                            limits=data.limits(), created_by=request.user.id)
     return issued.public()
 
 

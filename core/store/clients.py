@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, exists, func, insert, or_, select, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from core.clients import (
     ADMIN,
@@ -32,10 +33,11 @@ from core.tables import clients, pairing_codes
 
 def create_pairing_code(
     db: Database, *, scopes: frozenset[str], ttl_seconds: float, name: str | None = None,
-    limits: Limits = Limits(),
+    limits: Limits = Limits(), created_by: str | None = None,
 ) -> IssuedCode:
     """A one-time code that a new client redeems for a token within `ttl_seconds`; the
-    client gets `limits`."""
+    client gets `limits`. `created_by`: the client asking (None: an operator); the code
+    redeems only while that client is not revoked."""
     code_id = random_id("pc")
     secret = new_secret(16)
     with db.write() as conn:
@@ -44,6 +46,7 @@ def create_pairing_code(
         conn.execute(insert(pairing_codes).values(
             id=code_id, secret_hash=hash_secret(secret), scopes=scope_text(scopes), name=name,
             created_at=now, expires_at=expires_at, failures=0, **limits.columns(),
+            created_by=created_by,
         ))
     return IssuedCode(f"{code_id}-{secret}", expires_at, scopes)
 
@@ -51,9 +54,10 @@ def create_pairing_code(
 def redeem_pairing_code(db: Database, code: str, name: str | None = None) -> IssuedToken:
     """Exchange a valid code for a new client and its token; the code is then spent.
 
-    Unknown, expired, used and burnt codes all fail alike (`invalid_pairing_code`), so a
-    guesser learns nothing. A wrong secret for a known code is counted in the same
-    transaction that decides, and the count is committed even though the call fails.
+    Unknown, expired, used and burnt codes, and codes whose maker has been revoked,
+    all fail alike (`invalid_pairing_code`), so a guesser learns nothing. A wrong
+    secret for a known code is counted in the same transaction that decides, and the
+    count is committed even though the call fails.
     """
     parsed = parse_pairing_code(code)
     if parsed is not None:
@@ -66,7 +70,7 @@ def redeem_pairing_code(db: Database, code: str, name: str | None = None) -> Iss
                     update(pairing_codes)
                     .where(pairing_codes.c.id == code_id, pairing_codes.c.used_at.is_(None),
                            pairing_codes.c.failures < MAX_PAIRING_FAILURES,
-                           pairing_codes.c.expires_at > now)
+                           pairing_codes.c.expires_at > now, _maker_not_revoked())
                     .values(used_at=now)
                 ).rowcount
                 if spent:
@@ -77,6 +81,13 @@ def redeem_pairing_code(db: Database, code: str, name: str | None = None) -> Iss
                              .values(failures=pairing_codes.c.failures + 1))
     raise Unauthorized("invalid_pairing_code",
                        "the pairing code is unknown, expired, already used or burnt")
+
+
+def _maker_not_revoked() -> ColumnElement[bool]:
+    """The code was made by an operator, or by a client that is still in service: in
+    the statement that spends the code, so a revocation committed first is seen."""
+    return or_(pairing_codes.c.created_by.is_(None), exists().where(
+        clients.c.id == pairing_codes.c.created_by, clients.c.revoked_at.is_(None)))
 
 
 def create_client(db: Database, *, name: str, scopes: frozenset[str],

@@ -84,6 +84,23 @@ def test_a_pairing_code_needs_no_body(admin: Caller, http: TestClient[Any]) -> N
     assert set(pair(http, answer.json()["code"]).json()["scopes"]) == set(DEFAULT_SCOPES)
 
 
+def test_a_code_no_longer_redeems_once_the_client_that_made_it_is_revoked(
+    db: Database, http: TestClient[Any], admin: Caller
+) -> None:
+    """A client about to be revoked cannot mint codes ahead and come back with them."""
+    clerk = caller(db, http, "clients:admin", "tasks:read")
+    kept, spent_first = (clerk.post("/v1/pairing-codes", json={"scopes": ["tasks:read"]})
+                         .json()["code"] for _ in range(2))
+    assert pair(http, spent_first).status_code == 201
+    operators = create_pairing_code(db, scopes=frozenset({"tasks:read"}), ttl_seconds=60)
+
+    assert admin.delete(f"/v1/clients/{clerk.id}").status_code == 204
+
+    refused = pair(http, kept)
+    assert (refused.status_code, refused.json()["code"]) == (401, "invalid_pairing_code")
+    assert pair(http, operators.code).status_code == 201  # an operator's code has no maker
+
+
 def test_a_clients_admin_cannot_grant_scopes_it_lacks(db: Database, http: TestClient[Any]) -> None:
     clerk = caller(db, http, "clients:admin")
     answer = clerk.post("/v1/pairing-codes", json={"scopes": ["admin"]})
