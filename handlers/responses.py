@@ -37,6 +37,7 @@ from handlers.params import TaskId
 from handlers.services import Services
 from handlers.sse import LastEventId, event_stream, resume_point
 from handlers.threads import blocking, writing
+from handlers.waits import until_left
 
 RESPONSES_PATH = "/v1/responses"
 ONE_RESPONSE = f"{RESPONSES_PATH}/{{response_id:str}}"
@@ -74,7 +75,8 @@ async def create_response(
     services: Services,
     # No length bound here: `parse_key` refuses every bad key with one code.
     idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key")] = None,
-    prefer: Annotated[str | None, HeaderParameter(name="Prefer", max_length=200)] = None,
+    # No length bound: preferences it does not know are ignored (RFC 7240), however long.
+    prefer: Annotated[str | None, HeaderParameter(name="Prefer")] = None,
 ) -> Response[Any] | Stream:
     """Create a task; `202` with `Location` and the response object (status `queued`)."""
     client, db, settings = request.user, services.db, services.settings
@@ -109,8 +111,9 @@ async def create_response(
         return await event_stream(db, services.tail, outcome.task_id, client.id, 0,
                                   token_still_valid(request), held=held, born=outcome.born)
     try:
-        task = await settled(db, services.tail, outcome.task_id, client.id,
-                             settings.sync_timeout_seconds, read=get_response)
+        task = await until_left(request.receive, settled(
+            db, services.tail, outcome.task_id, client.id, settings.sync_timeout_seconds,
+            read=get_response))
     finally:
         held()
     if Status(task.status) in TERMINAL:

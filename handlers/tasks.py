@@ -51,7 +51,7 @@ async def task_show(
                                      description="seconds to wait for the task to finish")] = 0,
 ) -> dict[str, Any]:
     """The task; with `?wait=S` the answer waits until it is finished or S seconds pass."""
-    return task_object(await held_wait(services, request.user, task_id,
+    return task_object(await held_wait(services, request.user, request.receive, task_id,
                                        request.user.owner_filter, wait))
 
 

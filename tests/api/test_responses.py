@@ -161,6 +161,15 @@ def test_prefer_respond_async_answers_at_once(alice: Caller, model_id: str) -> N
     assert answer.headers["preference-applied"] == "respond-async"
 
 
+def test_prefer_of_any_length_is_read_and_what_it_does_not_know_ignored(
+    alice: Caller, model_id: str
+) -> None:
+    answer = create(alice, model_id, background=False,
+                    headers={"Prefer": "x-vendor=" + "a" * 1000 + ", respond-async"})
+    assert answer.status_code == 202
+    assert answer.headers["preference-applied"] == "respond-async"
+
+
 def test_stream_true_streams_events_until_the_terminal_one(
     alice: Caller, model_id: str, db: Database
 ) -> None:
