@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from core.bodies import NO_CONTROL
 from core.clock import iso
 from core.errors import Forbidden, InvalidInput
 from core.quotas import LIMIT_NAMES, Limits
@@ -36,6 +37,7 @@ DEFAULT_SCOPES: frozenset[str] = frozenset(
 )
 MAX_PAIRING_FAILURES = 5
 DEFAULT_CLIENT_NAME = "client"
+MAX_NAME_CHARS = 200  # a client's name (`clients.name`): 1..200, no control character
 _CODE = re.compile(r"^(pc_[0-9a-z]{20})-([A-Za-z0-9_-]{1,64})$")
 
 
@@ -80,6 +82,11 @@ class IssuedToken:
     def public(self) -> dict[str, Any]:
         """`{"client_id", "token", "scopes"}`, as `POST /v1/pair` and the CLI show it."""
         return {"client_id": self.client_id, "token": self.token, "scopes": sorted(self.scopes)}
+
+
+def is_client_name(name: str) -> bool:
+    """Whether `name` may name a client: what the API's bodies and the CLI accept."""
+    return len(name) <= MAX_NAME_CHARS and re.match(NO_CONTROL, name) is not None
 
 
 def parse_pairing_code(code: str) -> tuple[str, str] | None:

@@ -29,6 +29,7 @@ from msgspec import Meta
 from core.cron import parse_cron
 from core.engines.base import usable_cores
 from core.errors import InvalidInput
+from core.quotas import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PER_SECOND_BOUND
 
 ENV_PREFIX = "TASKWARD_"
 TOML_FILE = "taskward.toml"
@@ -42,10 +43,10 @@ TEN_YEARS_HOURS = 87_600
 Seconds = Annotated[float, Meta(gt=0, le=YEAR_SECONDS)]
 SecondsOrZero = Annotated[float, Meta(ge=0, le=YEAR_SECONDS)]
 Hours = Annotated[float, Meta(gt=0, le=TEN_YEARS_HOURS)]
-# A client's own limits have the same bounds (`handlers/clients.py`); INTEGER columns.
-ClientTasks = Annotated[int, Meta(ge=0, le=10**9)]
-ClientRate = Annotated[float, Meta(ge=0, le=10**6)]
-ClientStreams = Annotated[int, Meta(ge=1, le=10**6)]
+# A client's own limits have the same bounds (`core.quotas`).
+ClientTasks = Annotated[int, Meta(ge=0, le=MAX_ACTIVE_TASKS_BOUND)]
+ClientRate = Annotated[float, Meta(ge=0, le=REQUESTS_PER_SECOND_BOUND)]
+ClientStreams = Annotated[int, Meta(ge=1, le=MAX_STREAMS_BOUND)]
 
 DATABASE_URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
 

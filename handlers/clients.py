@@ -8,10 +8,15 @@ from litestar import delete, get, patch, post
 from litestar.params import JSONBody
 from pydantic import Field, StringConstraints
 
-from core.bodies import StrictBody
-from core.clients import DEFAULT_SCOPES, SCOPES, client_object, parse_scopes
+from core.bodies import NO_CONTROL, StrictBody
+from core.clients import DEFAULT_SCOPES, MAX_NAME_CHARS, SCOPES, client_object, parse_scopes
 from core.errors import Forbidden
-from core.quotas import Limits
+from core.quotas import (
+    MAX_ACTIVE_TASKS_BOUND,
+    MAX_STREAMS_BOUND,
+    REQUESTS_PER_SECOND_BOUND,
+    Limits,
+)
 from core.store.clients import (
     create_pairing_code,
     list_clients,
@@ -25,8 +30,8 @@ from handlers.params import ClientId
 from handlers.services import Services
 from handlers.threads import blocking
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=200,
-                                        pattern=r"^[^\x00-\x1f\x7f]+$")]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS,
+                                        pattern=NO_CONTROL)]
 
 
 class PairBody(StrictBody):
@@ -37,11 +42,11 @@ class PairBody(StrictBody):
 class LimitsBody(StrictBody):
     """A client's limits (`core.quotas`); null: the setting's default."""
 
-    max_active_tasks: int | None = Field(default=None, ge=0, le=10**9,
+    max_active_tasks: int | None = Field(default=None, ge=0, le=MAX_ACTIVE_TASKS_BOUND,
                                          description="queued + running at once; 0 = unlimited")
-    requests_per_second: float | None = Field(default=None, ge=0, le=10**6,
+    requests_per_second: float | None = Field(default=None, ge=0, le=REQUESTS_PER_SECOND_BOUND,
                                               description="per API process; 0 = unlimited")
-    max_streams: int | None = Field(default=None, ge=1, le=10**6,
+    max_streams: int | None = Field(default=None, ge=1, le=MAX_STREAMS_BOUND,
                                     description="SSE streams and waits at once, per process")
 
     def limits(self) -> Limits:

@@ -14,7 +14,7 @@ from litestar import delete, get, post
 from litestar.params import FromPath, JSONBody
 from pydantic import Field, StringConstraints
 
-from core.bodies import StrictBody
+from core.bodies import NO_CONTROL, StrictBody
 from core.errors import InvalidInput
 from core.model_files import DEFAULT_ENGINE
 from core.models_registry import (
@@ -33,8 +33,6 @@ from handlers.auth import requires
 from handlers.params import model_id_of
 from handlers.services import Services
 from handlers.threads import blocking, lengthy
-
-_NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
 
 
 class UpstreamBody(StrictBody):
@@ -55,7 +53,7 @@ class UpstreamBody(StrictBody):
 
 class ModelBody(StrictBody):
     path: str | None = Field(
-        default=None, min_length=1, max_length=1024, pattern=_NO_CONTROL,
+        default=None, min_length=1, max_length=1024, pattern=NO_CONTROL,
         description="a file inside the models directory (relative to it, or absolute)")
     id: str | None = Field(default=None, min_length=1, max_length=200,
                            description="defaults to the file name without its extension")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from litestar.testing import TestClient
 from sqlalchemy import select
 
@@ -152,3 +153,17 @@ def test_first_start_offers_an_admin_code_until_an_admin_exists(
     assert first_start_admin_code(db, settings) is None
     revoke(db, admin_client["client_id"])
     assert first_start_admin_code(db, settings) is not None
+
+
+@pytest.mark.parametrize("name", ["line\nbreak", "esc\x1b[31m", "csi\x9b31m", "del\x7f"])
+def test_a_name_with_a_control_character_is_refused(
+    db: Database, http: TestClient[Any], admin: Caller, name: str
+) -> None:
+    """A name reaches an operator's terminal (`clients list`): C1's `\\x9b` opens an
+    escape sequence as C0's `\\x1b[` does."""
+    code = create_pairing_code(db, scopes=frozenset({"tasks:read"}), ttl_seconds=60).code
+    refused = pair(http, code, name=name)
+    assert (refused.status_code, refused.json()["code"]) == (422, "validation_error")
+    minted = admin.post("/v1/pairing-codes", json={"name": name})
+    assert (minted.status_code, minted.json()["code"]) == (422, "validation_error")
+    assert pair(http, code, name="plain").status_code == 201  # the refusal spent nothing
