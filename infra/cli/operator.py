@@ -7,12 +7,23 @@ prints a table, or one JSON document with `--json`.
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
-from core.clients import ADMIN, DEFAULT_CLIENT_NAME, DEFAULT_SCOPES, client_object, parse_scopes
+from core.clients import (
+    ADMIN,
+    DEFAULT_CLIENT_NAME,
+    DEFAULT_SCOPES,
+    MAX_NAME_CHARS,
+    client_object,
+    is_client_name,
+    parse_scopes,
+)
 from core.model_files import DEFAULT_ENGINE
 from core.models_registry import (
     DEFAULT_MAX_CONCURRENCY,
@@ -22,7 +33,13 @@ from core.models_registry import (
 )
 from core.objects import model_object, task_object
 from core.priorities import HIGHEST_PRIORITY, LOWEST_PRIORITY
-from core.quotas import LIMIT_NAMES, Limits
+from core.quotas import (
+    LIMIT_NAMES,
+    MAX_ACTIVE_TASKS_BOUND,
+    MAX_STREAMS_BOUND,
+    REQUESTS_PER_SECOND_BOUND,
+    Limits,
+)
 from core.states import Status
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke, set_limits
 from core.store.models import list_models, remove
@@ -33,14 +50,35 @@ from infra.cli.context import emit, store
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 
 
+class _Rate(click.FloatRange):
+    """A rate within the range, and a number: NaN passes every comparison a range
+    makes (it was stored as NULL on SQLite, NaN on PostgreSQL)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        rate = super().convert(value, param, ctx)
+        if math.isnan(rate):
+            self.fail("is not a number", param, ctx)
+        return rate
+
+
+def _client_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """The API's rule for a client's name (`core.clients.is_client_name`): a control
+    character in a name split the rows of `clients list` and reached the terminal."""
+    if value is not None and not is_client_name(value):
+        raise click.BadParameter(f"1..{MAX_NAME_CHARS} characters, no control character")
+    return value
+
+
 def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
-    """`--max-active-tasks`, `--requests-per-second`, `--max-streams` (core.quotas)."""
+    """`--max-active-tasks`, `--requests-per-second`, `--max-streams` (core.quotas),
+    within the bounds the API keeps too."""
     for option in reversed((
-        click.option("--max-active-tasks", type=click.IntRange(0), default=None,
-                     help="Queued + running tasks at once (0 = unlimited)."),
-        click.option("--requests-per-second", type=click.FloatRange(0), default=None,
-                     help="Requests per second, per API process (0 = unlimited)."),
-        click.option("--max-streams", type=click.IntRange(1), default=None,
+        click.option("--max-active-tasks", type=click.IntRange(0, MAX_ACTIVE_TASKS_BOUND),
+                     default=None, help="Queued + running tasks at once (0 = unlimited)."),
+        click.option("--requests-per-second", type=_Rate(0, REQUESTS_PER_SECOND_BOUND),
+                     default=None, help="Requests per second, per API process (0 = unlimited)."),
+        click.option("--max-streams", type=click.IntRange(1, MAX_STREAMS_BOUND), default=None,
                      help="SSE streams and waits at once, per API process."),
     )):
         command = option(command)
@@ -53,7 +91,8 @@ _TASK_COLUMNS = ("id", "status", "priority", "model", "client_id", "attempts", "
 @click.option("--admin", is_flag=True, help="Grant the admin scope (everything).")
 @click.option("--scopes", default=None, metavar="S,S",
               help="Comma-separated scopes (default: " + ",".join(sorted(DEFAULT_SCOPES)) + ").")
-@click.option("--name", default=None, help="The client's name.")
+@click.option("--name", default=None, callback=_client_name,
+              help="The client's name: 1..200 characters, no control characters.")
 @click.option("--token", "direct", is_flag=True,
               help="Create the client now and print its token instead of a pairing code.")
 @_limit_options
@@ -105,6 +144,10 @@ def clients_set(client_id: str, max_active_tasks: int | None, requests_per_secon
                                       "max_streams": max_streams}
     changes: dict[str, float | None] = {key: value for key, value in given.items()
                                         if value is not None}
+    if contradicted := sorted(set(changes) & set(defaults)):
+        name = contradicted[0]
+        raise click.UsageError(f"--{name.replace('_', '-')} and --default {name} "
+                               "contradict each other: give one of them")
     changes.update(dict.fromkeys(defaults))
     with store() as (_, db):
         row = set_limits(db, client_id, changes)
@@ -132,8 +175,9 @@ def models() -> None:
 @_JSON
 def models_add(path: str, model_id: str | None, engine: str, as_json: bool) -> None:
     """Register PATH (from the current directory, else from the models directory)."""
-    given = Path(path)
-    located = given.absolute() if given.exists() else given
+    # os.path.exists is False for a name the file system refuses (too long, say): the
+    # registry then refuses it in one line like any other unreadable path.
+    located = Path(path).absolute() if os.path.exists(path) else Path(path)
     with store() as (settings, db):
         row = register(db, settings.models_dir, located, model_id=model_id, engine=engine)
     emit(model_object(row), as_json=as_json)
