@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+from sqlalchemy.exc import DataError
 
 from core.engines.registry import import_engine_modules
 from core.errors import DomainError
@@ -46,11 +47,17 @@ def database(settings: Settings, *, check: bool = True) -> Iterator[Database]:
 @contextmanager
 def store() -> Iterator[tuple[Settings, Database]]:
     """What an operator command works on: the settings and the schema-checked database;
-    a domain error ends the command with its code and message."""
+    a domain error ends the command with its code and message, and so does a value the
+    store refuses that no check caught (PostgreSQL takes no NUL character in text),
+    as the API answers it: `422 validation_error`."""
     settings = settings_or_exit()
     with database(settings) as db, domain_errors():
         import_engine_modules(settings.engine_module_names)  # `models add` checks names
-        yield settings, db
+        try:
+            yield settings, db
+        except DataError:
+            raise click.ClickException("validation_error: a value contains a character "
+                                       "that cannot be stored") from None
 
 
 @contextmanager
