@@ -52,6 +52,11 @@ def file_digest(path: Path) -> FileDigest:
     hang or another exception: the file is opened without blocking and checked for its
     type on the descriptor that is then read, so what is hashed is what was checked.
 
+    Exactly the `size` bytes that `fstat` reported are hashed, and the file's identity
+    is read again afterwards: a file written to while it was read (still being copied
+    in, say) is `model_file_changed`, never a digest of bytes that were never all there
+    at once, which would match neither the file then nor the file once complete.
+
     Cached per process by (device, inode, ctime_ns, size, mtime_ns) of that descriptor:
     the worker checks the digest before every task, and re-hashing a multi-gigabyte
     model each time would cost more than the inference. A writer can restore size and
@@ -68,11 +73,13 @@ def file_digest(path: Path) -> FileDigest:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _missing(path)
-        key = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
+        key = _identity(st)
         with _digests_lock:
             cached = _digests.get(key)
         if cached is None:
             cached = _hash_descriptor(fd)
+            if cached is None or _identity(os.fstat(fd)) != key:
+                raise _changed(path)
             with _digests_lock:
                 _digests[key] = cached
                 while len(_digests) > _CACHED_DIGESTS:
@@ -89,11 +96,23 @@ _digests: dict[tuple[int, int, int, int, int], str] = {}  # oldest first
 _digests_lock = threading.Lock()
 
 
-def _hash_descriptor(fd: int) -> str:
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What changes whenever the file's content may have (the digest cache's key)."""
+    return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
+
+
+def _hash_descriptor(fd: int) -> str | None:
+    """The SHA-256 of the first `st_size` bytes, as `fstat` gives the size now, and no
+    byte past them; None when the file ends before them (it shrank meanwhile)."""
     digest = hashlib.sha256()
+    left = os.fstat(fd).st_size
     with os.fdopen(os.dup(fd), "rb") as stream:
-        while chunk := stream.read(_CHUNK_BYTES):
+        while left:
+            chunk = stream.read(min(_CHUNK_BYTES, left))
+            if not chunk:
+                return None
             digest.update(chunk)
+            left -= len(chunk)
     return digest.hexdigest()
 
 
@@ -105,6 +124,12 @@ def _missing(path: str | Path) -> InvalidInput:
 def _unreadable(path: str | Path) -> InvalidInput:
     return InvalidInput("model_file_unreadable", f"the model file {str(path)!r} cannot be read",
                         extra={"field": "path"})
+
+
+def _changed(path: str | Path) -> InvalidInput:
+    return InvalidInput("model_file_changed",
+                        f"the model file {str(path)!r} changed while it was read; "
+                        "register it once it is complete", extra={"field": "path"})
 
 
 def resolve_inside(models_dir: Path, path: str | Path) -> Path:

@@ -164,7 +164,7 @@ def verified_entry(models_dir: Path, entry: ModelEntry | None) -> tuple[str, Mod
 
     The entry is read by the caller (a worker: in the claim's transaction); the file is
     checked here, now. Codes: `model_not_found` (entry gone), `model_file_missing`,
-    `model_digest_mismatch`.
+    `model_digest_mismatch`, `model_file_changed` (it changed while it was hashed).
     """
     if entry is None:
         raise EngineError("model_not_found", "the task's model is no longer registered",

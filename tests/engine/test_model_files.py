@@ -5,20 +5,26 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from core import model_files
+from core.engines.base import EngineError
 from core.errors import InvalidInput
 from core.model_files import (
     DEFAULT_MODEL_FILE,
+    FileDigest,
     default_model_source,
     file_digest,
     install_default_model,
     resolve_inside,
     sha256_of,
 )
+from core.models_registry import verified_entry
+from core.store.models import ModelEntry
 
 
 @pytest.fixture
@@ -45,7 +51,7 @@ def test_sha256_of_hashes_an_unchanged_file_once(
     hashed: list[int] = []
     real_hash = model_files._hash_descriptor
 
-    def counted(fd: int) -> str:
+    def counted(fd: int) -> str | None:
         hashed.append(fd)
         return real_hash(fd)
 
@@ -65,6 +71,77 @@ def test_a_rewrite_that_restores_size_and_mtime_is_hashed_again(tmp_path: Path) 
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
     assert sha256_of(path) == hashlib.sha256(b"other content").hexdigest()
+
+
+class _WritesWhileHashing:
+    """A SHA-256 whose first chunk lands while `change` alters the file: the write
+    falls between the digest's first look at the file and its last."""
+
+    def __init__(self, change: Callable[[], None]) -> None:
+        self._real = hashlib.sha256()
+        self._change: Callable[[], None] | None = change
+
+    def update(self, chunk: bytes) -> None:
+        if self._change is not None:
+            self._change()
+            self._change = None
+        self._real.update(chunk)
+
+    def hexdigest(self) -> str:
+        return self._real.hexdigest()
+
+
+def _append(path: Path) -> None:
+    with path.open("ab") as file:
+        file.write(b"more")
+
+
+def _shrink(path: Path) -> None:
+    os.truncate(path, 10)
+
+
+def _rewrite_in_place(path: Path) -> None:
+    with path.open("r+b") as file:
+        file.write(b"X")
+
+
+@pytest.mark.parametrize("change", [_append, _shrink, _rewrite_in_place])
+def test_a_file_changed_while_it_is_hashed_is_refused_and_not_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Callable[[Path], None]
+) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(os.urandom(3 * 1024 * 1024))
+    os.utime(path, ns=(0, 0))  # an in-place write then moves mtime, whatever the clock tick
+    monkeypatch.setattr(model_files, "hashlib", SimpleNamespace(
+        sha256=lambda: _WritesWhileHashing(lambda: change(path))))
+
+    with pytest.raises(InvalidInput) as refused:
+        file_digest(path)
+
+    assert refused.value.code == "model_file_changed"
+    assert "register it once it is complete" in refused.value.message
+    monkeypatch.undo()
+    assert file_digest(path) == FileDigest(hashlib.sha256(path.read_bytes()).hexdigest(),
+                                           path.stat().st_size)
+
+
+def test_a_task_whose_model_file_is_being_written_fails_without_a_retry(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's digest check goes through the same read: a file written to during
+    it fails the task (non-retryably, like a mismatch), never runs a mixed model."""
+    path = models_dir / "tiny.gguf"
+    entry = ModelEntry(id="tiny", engine="test.words", path="tiny.gguf",
+                       size_bytes=path.stat().st_size,
+                       sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+                       metadata_json="{}", upstream_json=None, max_concurrency=None)
+    monkeypatch.setattr(model_files, "hashlib", SimpleNamespace(
+        sha256=lambda: _WritesWhileHashing(lambda: _append(path))))
+
+    with pytest.raises(EngineError) as failed:
+        verified_entry(models_dir, entry)
+
+    assert (failed.value.code, failed.value.retryable) == ("model_file_changed", False)
 
 
 @pytest.mark.parametrize("kind", ["loop", "directory", "fifo", "dangling"])
