@@ -251,12 +251,17 @@ class FakeMonotonic:
         return self.now
 
 
+def logged_tally(caplog: pytest.LogCaptureFixture,
+                 clock: FakeMonotonic) -> failure_streak.FailureTally:
+    caplog.set_level(logging.WARNING, logger="tally")
+    return failure_streak.FailureTally(
+        logging.getLogger("tally"), "out (%s)", "still out (%s): %d more", clock=clock)
+
+
 def test_a_tally_logs_an_outages_first_failure_then_a_count_a_minute(
         caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeMonotonic()
-    tally = failure_streak.FailureTally(
-        logging.getLogger("tally"), "out (%s)", "still out (%s): %d more", clock=clock)
-    caplog.set_level(logging.WARNING, logger="tally")
+    tally = logged_tally(caplog, clock)
 
     for _ in range(30):  # one a second for half a minute, then a minute's worth
         tally.failed(OperationalError("select", {}, ConnectionRefusedError()))
@@ -273,9 +278,7 @@ def test_a_tally_logs_an_outages_first_failure_then_a_count_a_minute(
 def test_a_tally_takes_a_failure_after_a_quiet_minute_for_a_new_outage(
         caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeMonotonic()
-    tally = failure_streak.FailureTally(
-        logging.getLogger("tally"), "out (%s)", "still out (%s): %d more", clock=clock)
-    caplog.set_level(logging.WARNING, logger="tally")
+    tally = logged_tally(caplog, clock)
 
     tally.failed(TimeoutError())
     clock.now += 59
