@@ -171,12 +171,17 @@ async def _frames(
         after = next_after
         heard: Sequence[LoggedEvent] = ()
         if len(page.events) < STREAM_PAGE:
-            async for item in _quiet_until_more(tail, task_id, after, still_allowed):
+            # A resume point past the log's end waits for the log's next event, and reads
+            # the log after it: waiting for one past that point outlived the task's end
+            # (keep-alives for ever, its slot held).
+            ahead = after > page.last_seq
+            async for item in _quiet_until_more(tail, task_id, min(after, page.last_seq),
+                                                 still_allowed):
                 if item is None:
                     return
                 if isinstance(item, bytes):
                     yield item
-                else:
+                elif not ahead:
                     heard = item
         if loop.time() - checked_at >= AUTH_RECHECK_SECONDS:
             if not await still_allowed():

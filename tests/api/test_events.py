@@ -115,6 +115,38 @@ def test_sse_after_the_end_of_a_finished_log_is_empty(
     assert (answer.status_code, answer.text) == (200, "")
 
 
+def test_sse_resumed_past_the_end_of_a_live_log_closes_once_the_task_finishes(
+    alice: Caller, model_id: str, db: Database
+) -> None:
+    """A client ahead of the log (`Last-Event-ID` beyond its end) gets nothing it has
+    "seen", and its stream ends with the task rather than sending keep-alives for ever."""
+    task_id = create(alice, model_id)
+
+    def live_worker() -> None:
+        (claim,) = start_due(db)
+        threading.Event().wait(0.3)
+        finish(db, claim)
+
+    worker = threading.Thread(target=live_worker)
+    worker.start()
+    answers: list[Any] = []
+    reader = threading.Thread(daemon=True, target=lambda: answers.append(alice.get(
+        f"/v1/tasks/{task_id}/events", headers={**SSE, "Last-Event-ID": "500"})))
+    reader.start()
+    reader.join(10)
+    worker.join()
+    if not answers:  # end it as a stopping server would, so the test fails, not hangs
+        alice.http.blocking_portal.call(_close_waits, alice.http.app.state.services.tail)
+        reader.join(10)
+        pytest.fail("the stream outlived its task")
+    assert answers[0].status_code == 200
+    assert not [block for block in parse_sse(answers[0].text) if "event" in block]
+
+
+async def _close_waits(tail: LiveTail) -> None:
+    tail.close_waits()
+
+
 def test_sse_follows_live_events_and_sends_bare_keepalives(
     alice: Caller, model_id: str, db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
