@@ -6,6 +6,11 @@ token. Each flush carries the engine's latest snapshot with the text it covers, 
 resumed task continues exactly after what its clients have seen. The item and part are
 opened in the same transaction as the first delta: a stored snapshot therefore means
 "already opened", which is how a resumed attempt knows not to open them again.
+
+The snapshot is made into JSON here, once per flush: a value JSON has no form for is
+written as its `str`, so an engine may hand a large part of it over as a view that is
+made into text only then (the upstream engine's text so far: copied at every network
+read, it made a fast stream's cost quadratic in its length).
 """
 
 from __future__ import annotations
@@ -111,8 +116,8 @@ class Output:
         opening = self._opening()
         delta, text = self._delta()
         assert self._snapshot is not None  # a chunk with text always brings one
-        return Flush(opening + delta, text, json.dumps(self._snapshot, separators=(",", ":")),
-                     self.usage, first)
+        snapshot_json = json.dumps(self._snapshot, separators=(",", ":"), default=str)
+        return Flush(opening + delta, text, snapshot_json, self.usage, first)
 
     def take_closing(self) -> tuple[list[Event], str]:
         """Pending deltas plus the done events for `complete`, and the text they add."""

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 Snapshot = dict[str, Any]
 
@@ -53,7 +53,11 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class Chunk:
-    """A piece of generated text and the state needed to continue right after it."""
+    """A piece of generated text and the state needed to continue right after it.
+
+    The snapshot is written as JSON when the attempt's output is flushed; a value JSON
+    has no form for is written as its `str`, so an engine may hand over a large part of
+    it as a view made into text only then (the upstream engine's text so far)."""
 
     text: str
     snapshot: Snapshot
@@ -111,6 +115,19 @@ class EngineError(Exception):
 
 
 Emit = Callable[[Chunk], None]
+
+
+@runtime_checkable
+class HoldsBack(Protocol):
+    """An `emit` that can ask its producer to hold back (the attempt's inbox,
+    `scheduler.inbox.Intake`). `room(wake)` is True while it can take more; False while
+    it holds more than its bound, and then `wake` is called once (from the thread that
+    takes) when it can again. A producer that can wait without a thread of its own asks
+    after handing chunks on (the upstream engine's network loop)."""
+
+    def __call__(self, chunk: Chunk) -> None: ...
+
+    def room(self, wake: Callable[[], None]) -> bool: ...
 
 
 class LoadedModel(Protocol):

@@ -33,11 +33,40 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-class Scripted:
+class LoopServer:
+    """A stand-in server's plumbing: `_answer` serves each connection on a loop thread
+    of its own, over TLS with `tls` (the server's context); `stop` ends them all."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._answer, "127.0.0.1", 0, ssl=tls), self._loop).result(5)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.base_url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/v1"
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        async def shut() -> None:
+            self._server.close()
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+
+class Scripted(LoopServer):
     """A one-route HTTP/1.1 server streaming `reads` (each written, then a pause, so each
-    is one network read) as a chunked SSE body, on a loop thread of its own. It closes
-    the connection after its answer, or with `keep_alive` answers the next request on
-    it too; over TLS with `tls` (the server's context)."""
+    is one network read) as a chunked SSE body. It closes the connection after its
+    answer, or with `keep_alive` answers the next request on it too."""
 
     def __init__(self, reads: list[bytes], pause: float = 0.05, headers: bytes = b"",
                  keep_alive: bool = False, tls: ssl.SSLContext | None = None) -> None:
@@ -47,22 +76,7 @@ class Scripted:
         self.keep_alive = keep_alive
         self.connections = 0  # accepted so far
         self.closed = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self.port = 0
-
-        async def serve() -> None:
-            server = await asyncio.start_server(self._answer, "127.0.0.1", 0, ssl=tls)
-            self.port = server.sockets[0].getsockname()[1]
-            started.set()
-            async with server:
-                await server.serve_forever()
-
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self._serving = asyncio.run_coroutine_threadsafe(serve(), self._loop)
-        started.wait(5)
-        self.base_url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/v1"
+        super().__init__(tls)
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -85,18 +99,6 @@ class Scripted:
             writer.close()
             self.closed.set()
 
-    def stop(self) -> None:
-        async def shut() -> None:
-            self._serving.cancel()
-            others = asyncio.all_tasks() - {asyncio.current_task()}
-            for task in others:
-                task.cancel()
-            await asyncio.gather(*others, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        self._loop.close()
 
 
 class AnswersBadRequest(Scripted):

@@ -17,6 +17,15 @@ status, an error, a stop) and decides what follows (fail over, or finish). A sto
 seen by the relay after a read, or while the upstream is silent by the transport's
 one watch timer (`transport.WATCH_SECONDS`), so the engine thread sleeps through a
 request that waits in the upstream's queue instead of waking to look.
+
+An upstream may send faster than the attempt's runner can store (a broken or hostile
+one, at megabytes a second). Two things keep that from taking the process's memory and
+its other attempts' time. A read costs what it brought, not what came before it: the
+text so far is kept in pieces and a chunk's snapshot holds a view of them
+(`_TextSoFar`), made into one string only when a flush writes it. And after each read
+the stream asks the inbox whether it holds too much (`HoldsBack.room`): while it does,
+the stream reads nothing more, the socket's buffers fill and TCP slows the upstream
+down (`transport.open_stream`'s `room`).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from core.engines.base import (
     EngineError,
     EngineOptions,
     GenerationRequest,
+    HoldsBack,
     ModelSource,
     Snapshot,
     UpstreamModel,
@@ -70,28 +80,71 @@ class OpenAIEngine:
         return UpstreamLoaded(model, self._options, self._router)
 
 
+class _TextSoFar:
+    """The text of an attempt up to one chunk, as the pieces it came in (a tuple: what a
+    view holds never changes). Made into one string only when asked (`str`): when a
+    flush writes its snapshot (scheduler/output.py writes a snapshot value JSON has no
+    form for as its `str`), once per flush. A copy of all the text at every read made
+    the cost of a stream quadratic in its length, and every chunk waiting for the
+    runner held a copy of its own: gigabytes for an upstream sending 1.3 MB/s."""
+
+    __slots__ = ("pieces",)
+
+    def __init__(self, pieces: tuple[str, ...]) -> None:
+        self.pieces = pieces
+
+    def __str__(self) -> str:
+        return "".join(self.pieces)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (str, _TextSoFar)):
+            return str(self) == str(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, as a str would be
+
+
+def _appended(pieces: tuple[str, ...], text: str) -> tuple[str, ...]:
+    """`pieces` and then `text`, the last pieces joined while one is not at least twice
+    as long as the one after it: at most about log2 of the text's length pieces, and
+    each character copied about as often, however small the reads."""
+    while pieces and len(pieces[-1]) < 2 * len(text):
+        text = pieces[-1] + text
+        pieces = pieces[:-1]
+    return (*pieces, text)
+
+
 @dataclass
 class _Progress:
     """The attempt's output so far, carried across URLs and into snapshots."""
 
-    text: str
+    pieces: tuple[str, ...]
     output_tokens: int
     input_tokens: int
 
     @classmethod
     def of(cls, snapshot: Snapshot | None) -> _Progress:
         if snapshot is None:
-            return cls("", 0, 0)
+            return cls((), 0, 0)
         text, out, inp = (snapshot.get("text"), snapshot.get("output_tokens"),
                           snapshot.get("input_tokens"))
         if (snapshot.get("v") != SNAPSHOT_VERSION or not isinstance(text, str)
                 or not isinstance(out, int) or not isinstance(inp, int)):
             raise EngineError("invalid_snapshot", "snapshot was not written by this engine",
                               retryable=False)
-        return cls(text, out, inp)
+        return cls((text,) if text else (), out, inp)
+
+    @property
+    def text(self) -> str:
+        """All of it as one string: once per request (its continuation's prefix)."""
+        return "".join(self.pieces)
+
+    def add(self, text: str) -> None:
+        if text:
+            self.pieces = _appended(self.pieces, text)
 
     def chunk(self, text: str) -> Chunk:
-        return Chunk(text, {"v": SNAPSHOT_VERSION, "text": self.text,
+        return Chunk(text, {"v": SNAPSHOT_VERSION, "text": _TextSoFar(self.pieces),
                             "output_tokens": self.output_tokens,
                             "input_tokens": self.input_tokens},
                      Usage(self.input_tokens, self.output_tokens))
@@ -136,8 +189,10 @@ class _Read:
             if piece.prompt_tokens is not None and not self.earlier_tokens:
                 progress.input_tokens = piece.prompt_tokens
             if piece.completion_tokens is not None:
-                progress.output_tokens = min(self.earlier_tokens + piece.completion_tokens,
-                                             protocol.MAX_TOKENS)
+                # Never below the deltas seen: a server reporting 0 in every chunk
+                # would otherwise stream past `max_output_tokens` unchecked.
+                progress.output_tokens = max(progress.output_tokens + bool(piece.text), min(
+                    self.earlier_tokens + piece.completion_tokens, protocol.MAX_TOKENS))
                 counted = True
             elif piece.text:
                 progress.output_tokens += 1  # most servers stream one token per delta
@@ -145,7 +200,7 @@ class _Read:
             if piece.finished:
                 text += self.echo.flush()
                 self.finished = True
-        progress.text += text
+        progress.add(text)
         return (progress.chunk(text) if text or counted else None), error
 
 
@@ -158,7 +213,9 @@ class _Relay:
     """The transport loop's side of one request (its `Into`): each read's chunk made on
     that thread and handed to `emit`, or without one to the engine thread through
     `control`, which also gets whatever ends the request. Under a lock, so once `close`
-    returns nothing more is handed on and `read` is the engine thread's again."""
+    returns nothing more is handed on and `read` is the engine thread's again. `room`
+    is the transport's question after each read (`transport.Room`): the answer of an
+    `emit` that can hold back, else always yes."""
 
     def __init__(
         self, read: _Read, emit: Emit | None, control: queue.SimpleQueue[Any],
@@ -166,10 +223,14 @@ class _Relay:
     ) -> None:
         self._read = read
         self._emit = emit or control.put
+        self._holds = emit if isinstance(emit, HoldsBack) else None
         self._control = control
         self._should_stop = should_stop
         self._lock = threading.Lock()
         self._closed = False
+
+    def room(self, wake: Callable[[], None]) -> bool:
+        return self._holds is None or self._closed or self._holds.room(wake)
 
     def put(self, item: Any) -> None:
         with self._lock:
@@ -285,7 +346,7 @@ class UpstreamLoaded:
         if not read.finished:
             held = read.echo.flush()
             if held:  # yielded: every chunk the relay handed on came before
-                progress.text += held
+                progress.add(held)
                 yield progress.chunk(held)
             self._router.failed(self._entry.model_id, url, protocol.STREAM_BROKEN,
                                 cooldown_seconds=0)
@@ -306,7 +367,7 @@ class UpstreamLoaded:
         timeout = httpx.Timeout(seconds, connect=min(seconds, _CONNECT_SECONDS))
         stream = transport.open_stream(f"{url}/chat/completions", body, headers, timeout, relay,
                                        max_connections=self._options.upstream_concurrency,
-                                       watch=relay.watch)
+                                       watch=relay.watch, room=relay.room)
         ended = False  # the stream's END: the transport finishes its connection itself
         try:
             while True:

@@ -10,6 +10,11 @@ httpcore's and httpx's (HTTP/1.1 parsing, pooling, content decoding,
 their exceptions); failures come out as httpcore's exceptions, which httpx maps to its
 own (`ConnectError`, `ReadTimeout`, ...), exactly as through anyio. Cancelling the
 request's task closes the connection at once, as before.
+
+What the socket received and nobody read yet is held up to `HIGH_WATER_BYTES`; beyond
+it the connection stops reading from the kernel until a read takes it below, so a
+stream its reader holds back (`transport.Room`) fills the kernel's buffers and TCP
+slows the sender, instead of this buffer growing without end.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import httpcore
 import httpx
 
 _TLS_HANDSHAKE_SECONDS = 60.0  # asyncio's own default, when no timeout is given
+HIGH_WATER_BYTES = 1 << 16  # httpcore's own read size: one read's worth waits, no more
 
 
 class _Socket(asyncio.Protocol):
@@ -34,10 +40,27 @@ class _Socket(asyncio.Protocol):
         self.lost: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.drained: asyncio.Future[None] | None = None  # set while writing is paused
+        # What reads the socket (the TLS layer's transport once there is one): paused
+        # while `received` holds `HIGH_WATER_BYTES` or more.
+        self.reading: asyncio.Transport | None = None
+        self.paused = False
 
     def data_received(self, data: bytes) -> None:
         self.received += data
+        if len(self.received) >= HIGH_WATER_BYTES and not self.paused:
+            reading = self.reading
+            if reading is not None and not reading.is_closing():
+                reading.pause_reading()
+                self.paused = True
         self._wake()
+
+    def taken(self) -> None:
+        """A read took from `received`: read from the socket again once below the mark."""
+        if self.paused and len(self.received) < HIGH_WATER_BYTES:
+            self.paused = False
+            reading = self.reading
+            if reading is not None and not reading.is_closing():
+                reading.resume_reading()
 
     def eof_received(self) -> bool:
         self.ended = True
@@ -88,6 +111,7 @@ class _Stream(httpcore.AsyncNetworkStream):
     def __init__(self, transport: asyncio.Transport, socket: _Socket) -> None:
         self._transport = transport
         self._socket = socket
+        socket.reading = transport
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         socket = self._socket
@@ -113,6 +137,7 @@ class _Stream(httpcore.AsyncNetworkStream):
         else:
             data = bytes(received[:max_bytes])
             del received[:max_bytes]
+        socket.taken()
         return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:

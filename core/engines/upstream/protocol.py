@@ -10,6 +10,7 @@ never a body, a prompt or a key.
 from __future__ import annotations
 
 import email.utils
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ KEY_MISSING = "upstream_key_missing"
 _RETRYABLE_STATUSES = frozenset({408, 500, 502, 503, 504})
 _MAX_RETRY_AFTER_SECONDS = 3600.0  # a floor for the backoff, not a way to park tasks
 MAX_TOKENS = 2**31 - 1  # what the store's token counts hold (INTEGER on PostgreSQL)
+_COUNT_DIGITS = len(str(MAX_TOKENS))
 
 
 def chat_body(
@@ -60,8 +62,30 @@ class Piece:
     completion_tokens: int | None = None
 
 
+def payload(data: bytes) -> Any:
+    """One `data:` payload's JSON (the transport hands it on; `ValueError` if malformed).
+
+    What the fast parse refuses is parsed once more, leniently, where it used to break
+    the stream on every attempt, dead-letter the task and lose the text before it:
+    bytes that are not UTF-8 become U+FFFD, and an integer longer than any token count
+    is read as a float (Python refuses to convert one of over 4,300 digits), which no
+    count accepts (`_count`). A well-formed payload costs what `json.loads` does."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        return json.loads(data.decode("utf-8", "replace"), parse_int=_integer)
+
+
+def _integer(digits: str) -> int | float:
+    return int(digits) if len(digits) <= _COUNT_DIGITS else float(digits)
+
+
 def parse_chunk(chunk: Any, url: str) -> Piece:
-    """One `data:` payload; an in-stream error object is an `EngineError`."""
+    """One `data:` payload; an in-stream error object is an `EngineError`.
+
+    Finished means a non-empty `finish_reason` string: some servers send `""` (or
+    `false`) in every chunk that goes on, and counted as finished it cut their text
+    after the first delta."""
     if not isinstance(chunk, dict):
         raise stream_broken(url)
     if "error" in chunk:
@@ -72,12 +96,13 @@ def parse_chunk(chunk: Any, url: str) -> Piece:
                               f"(status {status})", retryable=False)
         raise stream_broken(url)
     text, finished = "", False
-    choices = chunk.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        delta = choices[0].get("delta") or {}
+    choice = _asked_choice(chunk.get("choices"))
+    if choice is not None:
+        delta = choice.get("delta") or {}
         content = delta.get("content") if isinstance(delta, dict) else None
         text = storable(content) if isinstance(content, str) else ""
-        finished = choices[0].get("finish_reason") is not None
+        reason = choice.get("finish_reason")
+        finished = isinstance(reason, str) and reason != ""
     usage = chunk.get("usage")
     if isinstance(usage, dict):
         return Piece(text, finished, _count(usage.get("prompt_tokens")),
@@ -85,13 +110,28 @@ def parse_chunk(chunk: Any, url: str) -> Piece:
     return Piece(text, finished)
 
 
-def storable(text: str) -> str:
-    """`text` with every lone surrogate made U+FFFD, as undecodable bytes would be.
+def _asked_choice(choices: Any) -> dict[str, Any] | None:
+    """The one choice taskward asks for: the one numbered 0, or the first one when the
+    server numbers none. Another one's text and finish belong to another answer."""
+    if not isinstance(choices, list):
+        return None
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("index") in (0, None):
+            return choice
+    return None
 
-    JSON may escape one (`"\\ud800"`) and Python's parser keeps it, but no UTF-8 text
-    holds it: from a broken or hostile upstream it made the attempt fail where its
-    output is measured and stored, again on every retry. A valid pair is one character
-    by then, so only lone ones change."""
+
+def storable(text: str) -> str:
+    """`text` with every lone surrogate and every NUL made U+FFFD, as undecodable bytes
+    are (`payload`).
+
+    JSON may escape either (`"\\ud800"`, `"\\u0000"`) and Python's parser keeps it, but
+    no UTF-8 text holds a lone surrogate (the attempt failed where its output is
+    measured and stored) and no PostgreSQL text holds a NUL (the attempt's write was
+    refused; SQLite stored it): from a broken or hostile upstream, again on every
+    retry. A valid pair is one character by then, so only lone ones change."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
     if text.isascii():
         return text
     try:
@@ -123,11 +163,15 @@ def status_error(url: str, status: int, retry_after: str | None) -> EngineError:
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds from a `Retry-After` (delta-seconds or an HTTP date), bounded; else None."""
+    """Seconds from a `Retry-After` (delta-seconds or an HTTP date), bounded; else None.
+
+    Only ASCII digits are seconds: `str.isdigit` is also true of "²" or "٣", which
+    `float` refuses or reads as a number nobody sent; such a value is garbage, ignored
+    like any other."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         seconds = float(value)
     else:
         try:

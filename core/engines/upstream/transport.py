@@ -32,7 +32,6 @@ one the upstream closed just as it was handed out is met by sending the request 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -43,6 +42,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from core.engines.upstream import protocol
 from core.engines.upstream.network import asyncio_transport
 from core.thread_names import named_thread
 
@@ -81,6 +81,12 @@ DRAIN_BYTES = 1 << 16
 # resets, before any answer (`_send`). Not a timeout, not a refused connection.
 _UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 RESENDS = 3
+
+
+# Asked after each read that brought payloads, on this loop's thread: may the stream read
+# on? False holds it until the wake-up it was given is called (from any thread): it reads
+# nothing meanwhile, so the socket's buffers fill (`network`) and TCP slows the upstream.
+Room = Callable[[Callable[[], None]], bool]
 
 
 class Into(Protocol):
@@ -153,7 +159,7 @@ def _shared(max_connections: int) -> _Transport:
 
 def open_stream(
     url: str, body: dict[str, Any], headers: dict[str, str], timeout: httpx.Timeout,
-    into: Into, *, max_connections: int, watch: Callable[[], None],
+    into: Into, *, max_connections: int, watch: Callable[[], None], room: Room | None = None,
 ) -> Future[Any]:
     """POST `body` to `url` with `stream: true` and put into `into`, in order: a `Status`
     (then END) for a non-200 answer, `Compressed` (then END) for a compressed one, else
@@ -166,29 +172,62 @@ def open_stream(
     process's memory before any line limit applies; an inference server's event
     stream is not compressed anyway. The body is read raw, without a decoder.
 
-    `watch` is called on this loop every `WATCH_SECONDS` while the stream is open.
-    Cancelling the returned future closes the connection at once: do it to leave a
-    request before its END. After END the future may still be reading the body's end
-    (`DRAIN_SECONDS`) to keep the connection; it needs nothing more from the caller."""
+    `watch` is called on this loop every `WATCH_SECONDS` while the stream is open; it
+    goes on while `room` holds the stream back, which no read timeout ends (the upstream
+    is not silent: this side is slow). Cancelling the returned future closes the
+    connection at once: do it to leave a request before its END. After END the future
+    may still be reading the body's end (`DRAIN_SECONDS`) to keep the connection; it
+    needs nothing more from the caller."""
     transport = _shared(max_connections)
-    return transport.run(_watched(transport, watch, url, body, headers, timeout, into))
+    return transport.run(_watched(transport, watch, url, body, headers, timeout, into, room))
 
 
 async def _watched(
     transport: _Transport, watch: Callable[[], None], url: str, body: dict[str, Any],
-    headers: dict[str, str], timeout: httpx.Timeout, into: Into,
+    headers: dict[str, str], timeout: httpx.Timeout, into: Into, room: Room | None,
 ) -> None:
     transport.watch(watch)
     try:
-        await _pump(transport.client, url, body, headers, timeout, into)
+        await _pump(transport.client, url, body, headers, timeout, into, room)
     finally:
         transport.unwatch(watch)
 
 
+class _Held:
+    """A stream's wait for `room`: its wake-up may come from any thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, room: Room) -> None:
+        self._loop = loop
+        self._ask = room
+        self._room: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._set)
+        except RuntimeError:  # the loop is closed: nothing waits any more
+            pass
+
+    def _set(self) -> None:
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+
+    async def until_room(self) -> None:
+        """Return once `room` says yes. The future is made only after it said no and
+        before this coroutine yields, so the wake-up (a callback of this loop) finds it."""
+        if self._ask(self.wake):
+            return
+        self._room = self._loop.create_future()
+        try:
+            await self._room
+        finally:
+            self._room = None
+
+
 async def _pump(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
-    timeout: httpx.Timeout, into: Into,
+    timeout: httpx.Timeout, into: Into, room: Room | None = None,
 ) -> None:
+    held = None if room is None else _Held(asyncio.get_running_loop(), room)
     batch: list[Any] = []
     done = False  # `[DONE]` came and END is put: what follows only keeps the connection
     try:
@@ -209,10 +248,12 @@ async def _pump(
                     if payload == _DONE:
                         done = True
                         break
-                    batch.append(json.loads(payload))
+                    batch.append(protocol.payload(payload))
                 if batch:
                     into.put(batch)
                     batch = []
+                    if held is not None and not done:
+                        await held.until_room()
                 if done:
                     into.put(END)
                     await _finish(reads)
@@ -268,14 +309,19 @@ class DataLines:
     Lines end in LF, CRLF or CR; a CRLF split between two pieces only makes an empty
     line, which carries nothing. Comments, event names and keep-alives are skipped
     without being decoded. A line still open beyond `MAX_LINE_BYTES` is a `ValueError`.
+    A UTF-8 byte-order mark before the first line is dropped, as the SSE standard says.
     """
 
     def __init__(self) -> None:
         self._rest = b""
+        self._first = True  # the body's first line, which may follow a byte-order mark
 
     def feed(self, data: bytes) -> list[bytes]:
         lines = (self._rest + data).splitlines(keepends=True)
         self._rest = lines.pop() if lines and not lines[-1].endswith(_LINE_ENDS) else b""
         if len(self._rest) > MAX_LINE_BYTES:
             raise ValueError(f"an SSE line longer than {MAX_LINE_BYTES} bytes")
+        if self._first and lines:
+            self._first = False
+            lines[0] = lines[0].removeprefix(b"\xef\xbb\xbf")
         return [line[5:].strip() for line in lines if line.startswith(b"data:")]
