@@ -294,7 +294,15 @@ class Workers:
         from scheduler.execute import execute_here
 
         def watch(stream: Callable[[], Outcome | None]) -> Callable[[], bool]:
-            return self._handoffs.watch(lambda: self._settle(attempt, stream))
+            def hand_over() -> None:
+                self._settle(attempt, stream)
+                # The attempts this thread finished before this one wait in the group
+                # commit for the end of their batch: this engine is no short one, and
+                # behind it they showed `loading` (uncancellable, lost to a crash)
+                # for as long as it ran. A runner writes them now.
+                self._executor.submit(self._completions.lead)
+
+            return self._handoffs.watch(hand_over)
 
         self._settle(attempt, lambda: execute_here(self._db, self._settings, attempt,
                                                    verify=verify,

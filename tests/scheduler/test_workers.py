@@ -200,6 +200,28 @@ def test_attempts_behind_a_long_one_in_a_claim_start_on_threads_of_their_own(
         assert event_types(db, task_id).count("response.completed") == 1
 
 
+def test_a_finished_attempt_is_written_while_a_long_one_after_it_in_the_claim_runs(
+    db: Database, fast: Settings, model_id: str
+) -> None:
+    """The short attempt's completion waits in the group commit for its batch; the long
+    one after it on the same engine thread must not hold it there (its result, a cancel
+    of it, a crash's recovery all see it `loading` until then)."""
+    short = new_task(db, model_id, input="words=2")
+    slow = new_task(db, model_id, input="words=4 delay=0.75")  # 3 s
+    workers = Workers(db, fast)
+    try:
+        assert workers.claim() == 2
+        wait_until(lambda: task_row(db, short).status == Status.COMPLETED, timeout=2.5,
+                   what="the short task's completion, while the slow one runs")
+        assert task_row(db, slow).status != Status.COMPLETED
+        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 2, timeout=10,
+                   what="the slow task")
+    finally:
+        workers.stop(drain_seconds=5)
+    assert streamed_text(db, short) == expected_text(2)
+    assert event_types(db, short).count("response.completed") == 1
+
+
 def test_a_short_attempt_runs_whole_on_its_engine_thread_and_a_long_one_gets_a_runner(
     db: Database, fast: Settings, model_id: str
 ) -> None:
