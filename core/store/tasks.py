@@ -136,14 +136,17 @@ def cancel(db: Database, task_id: str, client_id: str | None) -> CancelOutcome:
 
 
 def delete_finished(db: Database, task_id: str, client_id: str | None) -> None:
-    """Remove a finished task with its events and response; an active one is 409."""
+    """Remove a finished task with its events and response; an active one is 409, and
+    one another call removed first is 404: on PostgreSQL two calls both read it, and
+    the second then deleted nothing yet answered as though it had."""
     with db.write() as conn:
         task = task_in(conn, task_id, client_id)
         if Status(task.status) not in TERMINAL:
             raise Conflict("task_not_finished", "only a finished response can be deleted")
         conn.execute(delete(task_events).where(task_events.c.task_id == task_id))
         conn.execute(delete(responses).where(responses.c.task_id == task_id))
-        conn.execute(delete(tasks).where(tasks.c.id == task_id))
+        if not conn.execute(delete(tasks).where(tasks.c.id == task_id)).rowcount:
+            raise NotFound("task_not_found", "no such task")
 
 
 def task_and_events(

@@ -1,7 +1,8 @@
 """Real multi-process races on both stores: claims, cancel against finish, idempotency.
 
 Each racer is a separate OS process with its own engine and connection pool, as
-several sweepers or API workers would be.
+several sweepers or API workers would be; a race too narrow to meet by chance is forced
+by holding one side's transaction open.
 """
 
 from __future__ import annotations
@@ -9,20 +10,22 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import threading
+import time
 from collections import Counter
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from core.engines.base import Usage
-from core.errors import CancelRequested, Conflict, TooManyRequests
+from core.errors import CancelRequested, Conflict, NotFound, TooManyRequests
 from core.idempotency import IdempotencyClaim
 from core.settings import Settings
 from core.store import births, claims, completion, new_tasks, tasks, worker_writes
 from core.store.clients import create_client
 from core.store.connect import create_db_engine
 from core.store.database import Database
-from core.tables import idempotency_keys, task_events
+from core.tables import idempotency_keys, responses, task_events
 from core.tables import tasks as tasks_table
 from handlers.enqueuing import Enqueuer
 from tests.store.helpers import assert_log_sound
@@ -140,6 +143,36 @@ def test_cancel_racing_finish_never_yields_both(
     assert set(final.values()) <= {"completed", "cancelled"}
     for task_id in ids[::50]:
         assert_log_sound(db, task_id)
+
+
+def test_a_delete_that_loses_to_another_answers_not_found(
+    db: Database, model_id: str
+) -> None:
+    """Another call's delete is under way (its transaction open) as this one starts: on
+    PostgreSQL this one reads the task, waits on the other's row locks, then deletes
+    nothing; it must say so (404), not answer as though it had deleted it."""
+    [task_id] = _enqueue_many(db, model_id, 1)
+    [claimed] = claims.claim(db, limit=1, lease_ms=LEASE, node_id="n")
+    worker_writes.start_running(db, claimed.task_id, claimed.owner_token)
+    completion.complete(db, claimed.task_id, claimed.owner_token, [], usage=Usage())
+    answers: list[str] = []
+
+    def second() -> None:
+        try:
+            tasks.delete_finished(db, task_id, None)
+            answers.append("deleted")
+        except NotFound:
+            answers.append("not found")
+
+    with db.write() as first:  # the first delete, its locks held until the block ends
+        first.execute(delete(task_events).where(task_events.c.task_id == task_id))
+        first.execute(delete(responses).where(responses.c.task_id == task_id))
+        first.execute(delete(tasks_table).where(tasks_table.c.id == task_id))
+        racer = threading.Thread(target=second)
+        racer.start()
+        time.sleep(0.5)  # it has read the task and waits on our locks (PostgreSQL)
+    racer.join(30)
+    assert answers == ["not found"]
 
 
 def _enqueue_with_key(url: str, model: str, start: Any, results: Any) -> None:
