@@ -109,7 +109,8 @@ async def create_response(
         return json_bytes(outcome.body, outcome.status_code, {**located, **preference})
     if data.stream:
         return await event_stream(db, services.tail, outcome.task_id, client.id, 0,
-                                  token_still_valid(request), held=held, born=outcome.born)
+                                  token_still_valid(request), held=held, born=outcome.born,
+                                  headers=replayed)
     try:
         task = await until_left(request.receive, settled(
             db, services.tail, outcome.task_id, client.id, settings.sync_timeout_seconds,

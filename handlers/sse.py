@@ -110,7 +110,7 @@ StillAllowed = Callable[[], Awaitable[bool]]
 async def event_stream(
     db: Database, tail: LiveTail, task_id: str, owner: str | None, after: int,
     still_allowed: StillAllowed, *, held: Callable[[], None],
-    born: SimpleNamespace | None = None,
+    born: SimpleNamespace | None = None, headers: dict[str, str] | None = None,
 ) -> Stream:
     """`200 text/event-stream` of the events after `after`.
 
@@ -123,7 +123,7 @@ async def event_stream(
     caller's token still holds: a revoked client's streams end within about a second,
     and a stream of ten pages a second does not pay for ten checks. `held` ends the
     client's hold on a stream slot (`handlers.limits`): called once the stream is over,
-    however it ends.
+    however it ends. `headers`: more of the answer's (a replay's `Idempotent-Replayed`).
     """
     try:
         first = (born_page(born) if born is not None else
@@ -134,7 +134,7 @@ async def event_stream(
     follow = _follow(db, tail, task_id, owner, first, after, still_allowed, held)
     end_with(follow, held)
     return Stream(follow, status_code=200, media_type="text/event-stream",
-                  headers=SSE_HEADERS)
+                  headers={**SSE_HEADERS, **(headers or {})})
 
 
 async def _follow(

@@ -141,6 +141,8 @@ def test_a_replayed_stream_request_streams_the_same_events_again(
     first, again = sent_twice(alice, model_id, db, stream=True)
     assert again.headers["content-type"].startswith("text/event-stream")
     assert again.text == first.text
+    assert again.headers["idempotent-replayed"] == "true"
+    assert "idempotent-replayed" not in first.headers
 
 
 def test_background_false_answers_202_when_the_sync_timeout_passes(
