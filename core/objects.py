@@ -204,7 +204,9 @@ def deleted_object(task_id: str) -> dict[str, Any]:
 
 def model_object(model: Row[Any]) -> dict[str, Any]:
     """A file entry shows its path and digest; an upstream entry its servers (the name of
-    the key's variable, never a key) with path, size and digest null."""
+    the key's variable, never a key) with path, size and digest null. `created` (epoch
+    seconds) and `owned_by` are the fields OpenAI's model object requires, so its SDKs
+    and the tools built on them read an entry as one."""
     upstream = None
     if model.upstream_json is not None:
         upstream = {**json.loads(model.upstream_json), "max_concurrency": model.max_concurrency}
@@ -216,6 +218,8 @@ def model_object(model: Row[Any]) -> dict[str, Any]:
         "size_bytes": model.size_bytes,
         "sha256": model.sha256,
         "created_at": iso(model.created_at),
+        "created": model.created_at // 1000,
+        "owned_by": "taskward",
         "metadata": json.loads(model.metadata_json),
         "upstream": upstream,
     }

@@ -104,6 +104,15 @@ def test_deleting_a_finished_response_removes_it(sdk: openai.OpenAI) -> None:
     assert gone.value.code == "task_not_found"
 
 
+def test_models_read_as_openais_model_objects(sdk: openai.OpenAI) -> None:
+    [listed] = [model for model in sdk.models.list() if model.id == MODEL]
+    fetched = sdk.models.with_raw_response.retrieve(MODEL).http_response.json()
+    strict = openai.types.Model.model_validate(fetched, strict=True)  # required fields
+    assert (strict.id, strict.object, strict.owned_by) == (MODEL, "model", "taskward")
+    assert listed.created == strict.created
+    assert abs(strict.created - time.time()) < 3600  # registered for this test
+
+
 def test_an_unknown_model_is_unprocessable_with_our_code(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.UnprocessableEntityError) as refused:
         sdk.responses.create(model="no-such-model", input="words=1", background=True)
