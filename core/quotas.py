@@ -13,16 +13,9 @@ Three limits, each stored on the client (NULL: the setting's default applies):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # the settings' defaults are bounded by these limits' bounds
-    from core.settings import Settings
-
-# The largest value of each limit, wherever one is set (the API, the CLI, the settings'
-# defaults): what the store's INTEGER columns hold, and a rate that is still a rate.
-MAX_ACTIVE_TASKS_BOUND = 10**9
-REQUESTS_PER_SECOND_BOUND = 10**6
-MAX_STREAMS_BOUND = 10**6
+from core.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from msgspec import Meta
 from core.cron import parse_cron
 from core.engines.base import usable_cores
 from core.errors import InvalidInput
-from core.quotas import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PER_SECOND_BOUND
 
 ENV_PREFIX = "TASKWARD_"
 TOML_FILE = "taskward.toml"
@@ -43,7 +42,12 @@ TEN_YEARS_HOURS = 87_600
 Seconds = Annotated[float, Meta(gt=0, le=YEAR_SECONDS)]
 SecondsOrZero = Annotated[float, Meta(ge=0, le=YEAR_SECONDS)]
 Hours = Annotated[float, Meta(gt=0, le=TEN_YEARS_HOURS)]
-# A client's own limits have the same bounds (`core.quotas`).
+# The largest value of each of a client's limits (`core.quotas`), wherever one is set:
+# the API, the CLI and these defaults. What the store's INTEGER columns hold, and a
+# rate that is still a rate.
+MAX_ACTIVE_TASKS_BOUND = 10**9
+REQUESTS_PER_SECOND_BOUND = 10**6
+MAX_STREAMS_BOUND = 10**6
 ClientTasks = Annotated[int, Meta(ge=0, le=MAX_ACTIVE_TASKS_BOUND)]
 ClientRate = Annotated[float, Meta(ge=0, le=REQUESTS_PER_SECOND_BOUND)]
 ClientStreams = Annotated[int, Meta(ge=1, le=MAX_STREAMS_BOUND)]

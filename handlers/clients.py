@@ -11,12 +11,8 @@ from pydantic import Field, StringConstraints
 from core.bodies import NO_CONTROL, StrictBody
 from core.clients import DEFAULT_SCOPES, MAX_NAME_CHARS, SCOPES, client_object, parse_scopes
 from core.errors import Forbidden
-from core.quotas import (
-    MAX_ACTIVE_TASKS_BOUND,
-    MAX_STREAMS_BOUND,
-    REQUESTS_PER_SECOND_BOUND,
-    Limits,
-)
+from core.quotas import Limits
+from core.settings import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PER_SECOND_BOUND
 from core.store.clients import (
     create_pairing_code,
     list_clients,

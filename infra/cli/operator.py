@@ -33,13 +33,8 @@ from core.models_registry import (
 )
 from core.objects import model_object, task_object
 from core.priorities import HIGHEST_PRIORITY, LOWEST_PRIORITY
-from core.quotas import (
-    LIMIT_NAMES,
-    MAX_ACTIVE_TASKS_BOUND,
-    MAX_STREAMS_BOUND,
-    REQUESTS_PER_SECOND_BOUND,
-    Limits,
-)
+from core.quotas import LIMIT_NAMES, Limits
+from core.settings import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PER_SECOND_BOUND
 from core.states import Status
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke, set_limits
 from core.store.models import list_models, remove
