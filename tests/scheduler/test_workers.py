@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -175,24 +176,31 @@ def test_a_claims_short_attempts_run_in_turn_on_one_engine_thread(
         assert task_row(db, task_id).status == Status.COMPLETED
 
 
+def short_then_slow(db: Database, workers: Workers, slow: str, claimed: int,
+                    short_done: Callable[[], bool], what: str) -> None:
+    """Claim `claimed` tasks; the short ones are done (`short_done`) within 2.5 s, while
+    `slow` (3 s) still runs, and then it completes too."""
+    assert workers.claim() == claimed
+    # 2.5 s for the short ones: room for a slow machine under the suite's load (1.2 s of
+    # 1.5 timed out there once), none for waiting on the slow one.
+    wait_until(short_done, timeout=2.5, what=f"{what}, while the slow one runs")
+    assert task_row(db, slow).status != Status.COMPLETED
+    wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == claimed, timeout=10,
+               what="the slow task")
+
+
 def test_attempts_behind_a_long_one_in_a_claim_start_on_threads_of_their_own(
     db: Database, fast: Settings, model_id: str
 ) -> None:
     """A long engine first in a claim does not hold the rest back beyond the hand-over
     time: they start on other engine threads and complete while it still runs."""
-    # 3 s in all; the short ones get 2.5 s, room for a slow machine under the suite's
-    # load (1.2 s of 1.5 timed out there once), none for waiting on the slow one.
     slow = new_task(db, model_id, input="words=4 delay=0.75")
     short = [new_task(db, model_id, input="words=2") for _ in range(3)]
     workers = Workers(db, fast)
     started = _recording_threads(workers)
     try:
-        assert workers.claim() == 4
-        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 3, timeout=2.5,
-                   what="the three short tasks, while the slow one runs")
-        assert task_row(db, slow).status != Status.COMPLETED
-        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 4, timeout=10,
-                   what="the slow task")
+        short_then_slow(db, workers, slow, 4, lambda: workers.outcomes[Outcome.COMPLETED] == 3,
+                        "the three short tasks")
     finally:
         workers.stop(drain_seconds=5)
     assert all(started[task_id] != started[slow] for task_id in short)
@@ -210,12 +218,9 @@ def test_a_finished_attempt_is_written_while_a_long_one_after_it_in_the_claim_ru
     slow = new_task(db, model_id, input="words=4 delay=0.75")  # 3 s
     workers = Workers(db, fast)
     try:
-        assert workers.claim() == 2
-        wait_until(lambda: task_row(db, short).status == Status.COMPLETED, timeout=2.5,
-                   what="the short task's completion, while the slow one runs")
-        assert task_row(db, slow).status != Status.COMPLETED
-        wait_until(lambda: workers.outcomes[Outcome.COMPLETED] == 2, timeout=10,
-                   what="the slow task")
+        short_then_slow(db, workers, slow, 2,
+                        lambda: task_row(db, short).status == Status.COMPLETED,
+                        "the short task's completion")
     finally:
         workers.stop(drain_seconds=5)
     assert streamed_text(db, short) == expected_text(2)
