@@ -26,6 +26,12 @@ class InvalidInput(DomainError):
     status = 422
 
 
+def unstorable_value() -> InvalidInput:
+    """A value the store refused that no check caught (PostgreSQL takes no NUL character
+    in text): the caller's mistake, told alike by the API (422) and the CLI."""
+    return InvalidInput("validation_error", "a value contains a character that cannot be stored")
+
+
 class NotFound(DomainError):
     status = 404
 

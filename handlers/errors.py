@@ -27,7 +27,7 @@ from sqlalchemy import Row
 from sqlalchemy.exc import DataError, DBAPIError
 
 from core.bodies import field_path
-from core.errors import DomainError, TooManyRequests, Unauthorized
+from core.errors import DomainError, TooManyRequests, Unauthorized, unstorable_value
 from core.failure_streak import FailureTally
 from core.objects import task_object
 from handlers.limits import reset_header
@@ -98,9 +98,7 @@ def problem_of(exc: Exception) -> ProblemDetailsException:
     if isinstance(exc, HTTPException):
         return _http_problem(exc)
     if isinstance(exc, DataError):
-        # PostgreSQL refuses some values (a NUL character) that no check above caught.
-        return problem(422, "validation_error",
-                       "a value contains a character that cannot be stored")
+        return _domain_problem(unstorable_value())
     if store_unavailable(exc):
         _OUTAGE_ANSWERS.failed(exc.orig if isinstance(exc, DBAPIError) and exc.orig else exc)
         return problem(503, "store_unavailable", "the store is unavailable; try again",

@@ -15,7 +15,7 @@ import click
 from sqlalchemy.exc import DataError
 
 from core.engines.registry import import_engine_modules
-from core.errors import DomainError
+from core.errors import DomainError, unstorable_value
 from core.settings import Settings, SettingsError, load_settings
 from core.store.connect import open_database
 from core.store.database import Database
@@ -56,8 +56,7 @@ def store() -> Iterator[tuple[Settings, Database]]:
         try:
             yield settings, db
         except DataError:
-            raise click.ClickException("validation_error: a value contains a character "
-                                       "that cannot be stored") from None
+            raise unstorable_value() from None
 
 
 @contextmanager
