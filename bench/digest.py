@@ -89,7 +89,7 @@ def main() -> None:
             figures["old"].append(per_second(args.seconds, old))
         fd = os.open(Path(models_dir, "model.bin"), os.O_RDONLY)
         start = time.perf_counter()
-        model_files._hash_descriptor(fd)
+        model_files._hash_descriptor(fd, os.fstat(fd).st_size)
         cold = time.perf_counter() - start
         os.close(fd)
         db.dispose()

@@ -77,7 +77,7 @@ def file_digest(path: Path) -> FileDigest:
         with _digests_lock:
             cached = _digests.get(key)
         if cached is None:
-            cached = _hash_descriptor(fd)
+            cached = _hash_descriptor(fd, st.st_size)
             if cached is None or _identity(os.fstat(fd)) != key:
                 raise _changed(path)
             with _digests_lock:
@@ -101,11 +101,11 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
 
 
-def _hash_descriptor(fd: int) -> str | None:
-    """The SHA-256 of the first `st_size` bytes, as `fstat` gives the size now, and no
-    byte past them; None when the file ends before them (it shrank meanwhile)."""
+def _hash_descriptor(fd: int, size: int) -> str | None:
+    """The SHA-256 of the first `size` bytes (the size the caller's `fstat` recorded) and
+    no byte past them; None when the file ends before them (it shrank meanwhile)."""
     digest = hashlib.sha256()
-    left = os.fstat(fd).st_size
+    left = size
     with os.fdopen(os.dup(fd), "rb") as stream:
         while left:
             chunk = stream.read(min(_CHUNK_BYTES, left))

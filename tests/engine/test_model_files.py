@@ -51,9 +51,9 @@ def test_sha256_of_hashes_an_unchanged_file_once(
     hashed: list[int] = []
     real_hash = model_files._hash_descriptor
 
-    def counted(fd: int) -> str | None:
+    def counted(fd: int, size: int) -> str | None:
         hashed.append(fd)
-        return real_hash(fd)
+        return real_hash(fd, size)
 
     monkeypatch.setattr(model_files, "_hash_descriptor", counted)
     assert sha256_of(path) == sha256_of(path) == hashlib.sha256(b"first content").hexdigest()
