@@ -115,6 +115,8 @@ class EngineError(Exception):
 
 
 Emit = Callable[[Chunk], None]
+# May the producer hand on more? False holds it until the wake-up it passed is called.
+Room = Callable[[Callable[[], None]], bool]
 
 
 @runtime_checkable
@@ -122,8 +124,8 @@ class HoldsBack(Protocol):
     """An `emit` that can ask its producer to hold back (the attempt's inbox,
     `scheduler.inbox.Intake`). `room(wake)` is True while it can take more; False while
     it holds more than its bound, and then `wake` is called once (from the thread that
-    takes) when it can again. A producer that can wait without a thread of its own asks
-    after handing chunks on (the upstream engine's network loop)."""
+    takes) when it can again: a `Room`. A producer that can wait without a thread of its
+    own asks after handing chunks on (the upstream engine's network loop)."""
 
     def __call__(self, chunk: Chunk) -> None: ...
 

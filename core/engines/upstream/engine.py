@@ -214,7 +214,7 @@ class _Relay:
     that thread and handed to `emit`, or without one to the engine thread through
     `control`, which also gets whatever ends the request. Under a lock, so once `close`
     returns nothing more is handed on and `read` is the engine thread's again. `room`
-    is the transport's question after each read (`transport.Room`): the answer of an
+    is the transport's question after each read (`core.engines.base.Room`): the answer of an
     `emit` that can hold back, else always yes."""
 
     def __init__(

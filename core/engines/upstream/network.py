@@ -13,7 +13,7 @@ request's task closes the connection at once, as before.
 
 What the socket received and nobody read yet is held up to `HIGH_WATER_BYTES`; beyond
 it the connection stops reading from the kernel until a read takes it below, so a
-stream its reader holds back (`transport.Room`) fills the kernel's buffers and TCP
+stream its reader holds back (`core.engines.base.Room`) fills the kernel's buffers and TCP
 slows the sender, instead of this buffer growing without end.
 """
 

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from core.engines.base import Room
 from core.engines.upstream import protocol
 from core.engines.upstream.network import asyncio_transport
 from core.thread_names import named_thread
@@ -81,12 +82,6 @@ DRAIN_BYTES = 1 << 16
 # resets, before any answer (`_send`). Not a timeout, not a refused connection.
 _UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 RESENDS = 3
-
-
-# Asked after each read that brought payloads, on this loop's thread: may the stream read
-# on? False holds it until the wake-up it was given is called (from any thread): it reads
-# nothing meanwhile, so the socket's buffers fill (`network`) and TCP slows the upstream.
-Room = Callable[[Callable[[], None]], bool]
 
 
 class Into(Protocol):
@@ -172,9 +167,12 @@ def open_stream(
     process's memory before any line limit applies; an inference server's event
     stream is not compressed anyway. The body is read raw, without a decoder.
 
-    `watch` is called on this loop every `WATCH_SECONDS` while the stream is open; it
-    goes on while `room` holds the stream back, which no read timeout ends (the upstream
-    is not silent: this side is slow). Cancelling the returned future closes the
+    `watch` is called on this loop every `WATCH_SECONDS` while the stream is open.
+    `room` is asked after each read that brought payloads, on this loop's thread: while
+    it holds the stream back (the wake-up may come from any thread) nothing is read, so
+    the socket's buffers fill (`network`) and TCP slows the upstream; `watch` goes on
+    meanwhile, and no read timeout ends the wait (the upstream is not silent: this side
+    is slow). Cancelling the returned future closes the
     connection at once: do it to leave a request before its END. After END the future
     may still be reading the body's end (`DRAIN_SECONDS`) to keep the connection; it
     needs nothing more from the caller."""
