@@ -44,8 +44,9 @@ class _LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a store that cannot be reached (or takes no writes) ends it
         with one line that says so and what to check, not a driver's traceback, and so
-        does a setting found unusable once the command is under way (a database URL
-        that names no store: `core.store.connect`), as a bad setting at start-up does."""
+        does an unusable setting, found at start-up or once the command is under way (a
+        database URL that names no store: `core.store.connect`). The one place each is
+        told: the commands load their settings and leave both to this."""
         try:
             return super().invoke(ctx)
         except Exception as exc:

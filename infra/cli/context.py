@@ -16,17 +16,10 @@ from sqlalchemy.exc import DataError
 
 from core.engines.registry import import_engine_modules
 from core.errors import DomainError, unstorable_value
-from core.settings import Settings, SettingsError, load_settings
+from core.settings import Settings, load_settings
 from core.store.connect import open_database
 from core.store.database import Database
 from infra.migrate import check_schema
-
-
-def settings_or_exit() -> Settings:
-    try:
-        return load_settings()
-    except SettingsError as exc:
-        raise click.ClickException(f"configuration error: {exc}") from None
 
 
 @contextmanager
@@ -50,7 +43,7 @@ def store() -> Iterator[tuple[Settings, Database]]:
     a domain error ends the command with its code and message, and so does a value the
     store refuses that no check caught (PostgreSQL takes no NUL character in text),
     as the API answers it: `422 validation_error`."""
-    settings = settings_or_exit()
+    settings = load_settings()
     with database(settings) as db, domain_errors():
         import_engine_modules(settings.engine_module_names)  # `models add` checks names
         try:

@@ -15,10 +15,10 @@ from contextlib import ExitStack
 import click
 
 from core.engines.registry import import_engine_modules
-from core.settings import Settings, SettingsError, load_settings
+from core.settings import Settings, load_settings
 from core.store.recovery import recover as recover_tasks
 from infra.cli import collector_paused
-from infra.cli.context import database, domain_errors, emit, settings_or_exit
+from infra.cli.context import database, domain_errors, emit
 from infra.cli.listen_address import ensure_free, listen_options
 from infra.migrate import upgrade
 from infra.stop_signals import stop_then_hurry, wait_for
@@ -37,7 +37,7 @@ _SWEEPER_YOUNG_THRESHOLD = 20_000
 @click.command()
 def migrate() -> None:
     """Bring the database schema to this version's head and print the revision."""
-    settings = settings_or_exit()
+    settings = load_settings()
     with database(settings, check=False) as db, domain_errors():
         click.echo(upgrade(db.engine))
 
@@ -48,7 +48,7 @@ def migrate() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def recover(all_nodes: bool, as_json: bool) -> None:
     """Cold-start hook: apply each leftover task's restart policy (idempotent)."""
-    settings = settings_or_exit()
+    settings = load_settings()
     with database(settings) as db:
         counts = recover_tasks(db, node_id=db.recovery_scope(settings.node_id,
                                                              all_nodes=all_nodes))
@@ -122,10 +122,7 @@ def run(host: str, port: int) -> None:
 
 def _worker_settings(**overrides: object) -> Settings:
     """Settings for a process that executes tasks: logging on, engine plug-ins imported."""
-    try:
-        settings = load_settings(**overrides)
-    except SettingsError as exc:
-        raise click.ClickException(f"configuration error: {exc}") from None
+    settings = load_settings(**overrides)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # `run` migrates: keep it quiet

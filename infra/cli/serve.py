@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from infra.cli.context import database, settings_or_exit
+from core.settings import load_settings
+from infra.cli.context import database
 from infra.cli.listen_address import ensure_free, listen_options
 from infra.server import serve as serve_api
 
@@ -16,7 +17,7 @@ from infra.server import serve as serve_api
 def serve(host: str, port: int, workers: int) -> None:
     """Serve the HTTP API. Settings, the schema and the address are checked before any
     worker starts."""
-    settings = settings_or_exit()
+    settings = load_settings()
     with database(settings):
         pass
     ensure_free(host, port)
