@@ -94,8 +94,10 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
     pool as it came.
     A connection found broken is dropped from the pool, as SQLAlchemy drops it; one
     that cannot be made (the server is down) raises as SQLAlchemy's would."""
-    with _sqlalchemy_errors(engine.dialect):
+    try:  # a bare `try` (free in 3.11), not `_sqlalchemy_errors`: this is every birth's
         pooled = engine.raw_connection()
+    except engine.dialect.loaded_dbapi.Error as exc:
+        raise sqlalchemy_error(exc, engine.dialect) from exc
     driver = pooled.driver_connection
     # sqlite3's connections of a `Database` always are (BEGIN is ours to send).
     toggled = engine.dialect.name != "sqlite"
