@@ -106,8 +106,12 @@ def test_a_store_that_stops_answering_gets_503_within_the_bound(
             assert answer.headers["retry-after"] == "1"
             assert WAIT_SECONDS * 0.9 <= took <= WAIT_SECONDS + SLACK_SECONDS, (path, took)
         assert httpx.get(f"{service.base_url}/healthz", timeout=5).status_code == 200
+        unready = httpx.head(f"{service.base_url}/readyz", timeout=30)
+        assert (unready.status_code, unready.content) == (503, b"")
+        assert httpx.head(f"{service.base_url}/healthz", timeout=5).status_code == 200
 
     ready_again(service)
+    assert httpx.head(f"{service.base_url}/readyz", timeout=5).status_code == 200
     assert httpx.get(f"{service.base_url}/v1/tasks", headers=headers,
                      timeout=10).status_code == 200
 
