@@ -69,14 +69,17 @@ def test_a_usage_count_too_long_to_convert_counts_as_not_reported(
     db: Database, quick: Settings, scripted: Callable[..., Scripted]
 ) -> None:
     """Python refuses to convert an integer of 5,000 digits: the chunk broke the stream,
-    and the task was dead-lettered although its text had finished."""
+    and the task was dead-lettered although its text had finished. The chunk's input
+    count, which could be read, was then dropped with it."""
     usage = (b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": '
              + b"9" * 5000 + b"}}\n\n")
     server = scripted([delta("One"), delta("", "stop"), usage, DONE], pause=0.01)
 
     task_id, text = completed(db, quick, server)
     assert text == "One"
-    assert get_response(db, task_id, None).output_tokens == 1  # one delta, one token
+    response = get_response(db, task_id, None)
+    assert response.output_tokens == 1  # one delta, one token
+    assert response.input_tokens == 5  # the chunk's count that could be read is kept
 
 
 def test_a_usage_of_no_output_tokens_does_not_lift_the_limit(

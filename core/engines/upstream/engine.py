@@ -188,6 +188,7 @@ class _Read:
                 break
             if piece.prompt_tokens is not None and not self.earlier_tokens:
                 progress.input_tokens = piece.prompt_tokens
+                counted = True
             if piece.completion_tokens is not None:
                 # Never below the deltas seen: a server reporting 0 in every chunk
                 # would otherwise stream past `max_output_tokens` unchecked.
