@@ -233,6 +233,9 @@ tasks = Table(
     _partial("ix_tasks_client_active", "client_id", where=_ACTIVE_SQL),
     _partial("ux_tasks_dedupe", "client_id", "dedupe_key", unique=True,
              where=f"dedupe_key IS NOT NULL AND {_ACTIVE_SQL}"),
+    # At most one active retry of a failed task: asked twice, a retry answers the first.
+    _partial("ux_tasks_retry", "retry_of", unique=True,
+             where=f"retry_of IS NOT NULL AND {_ACTIVE_SQL}"),
 )
 
 # The response a task builds: output text so far and usage.

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Row, delete, select
 from core.errors import Conflict, InvalidInput
 from core.idempotency import IdempotencyClaim
 from core.objects import response_object
-from core.states import OnRestart, Status
+from core.states import ACTIVE, OnRestart, Status
 from core.store.active_quota import quota_exceeded, room
 from core.store.births import (
     NewTask,
@@ -325,17 +325,34 @@ def _json_bytes(value: Any) -> bytes:
 
 
 def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
-    """A new task with the request of a failed one (the failed one stays as it was);
-    the new task's row, as `task_in` reads it."""
+    """A new task with the request of a failed one, its priority and its dedupe key (the
+    failed one stays as it was); the new task's row, as `task_in` reads it.
+
+    Asked again while that retry is still active (a double-click, a command run twice,
+    two at the same instant: the store's `ux_tasks_retry` decides), it answers the
+    active retry's row and makes nothing."""
     with db.write() as conn:
         old = response_in(conn, task_id, None)  # it holds the request to repeat
         if old.status != Status.FAILED:
             raise Conflict("task_not_failed", "only a failed task can be retried")
+        earlier = _active_retry(conn, old.id)
+        if earlier is not None:
+            return task_in(conn, earlier, None)
         created = insert_task(db, conn, NewTask(
             client_id=old.client_id, model=old.model, request_json=old.request_json,
             on_restart=OnRestart(old.on_restart), max_attempts=max_attempts,
-            metadata=json.loads(old.metadata_json), retry_of=old.id,
+            metadata=json.loads(old.metadata_json), dedupe_key=old.dedupe_key,
+            priority=old.priority, retry_of=old.id,
         ), db.clock.now_ms())
-        if created is None:
+        if created is not None:
+            return task_in(conn, created.id, None)
+        earlier = _active_retry(conn, old.id)  # one made at the same instant
+        if earlier is None:
             raise Conflict("dedupe_conflict", "an active task already holds this dedupe key")
-        return task_in(conn, created.id, None)
+        return task_in(conn, earlier, None)
+
+
+def _active_retry(conn: Connection, task_id: str) -> str | None:
+    """The id of the active task that retries `task_id`, if one does."""
+    return conn.execute(select(tasks.c.id).where(
+        tasks.c.retry_of == task_id, tasks.c.status.in_(ACTIVE))).scalar_one_or_none()

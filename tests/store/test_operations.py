@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ from core.engines.base import Usage
 from core.errors import CancelRequested, Conflict, ForbiddenTransition, InvalidInput, LeaseLost
 from core.idempotency import IdempotencyClaim
 from core.objects import task_object
-from core.states import OnRestart, Status
+from core.states import ACTIVE, OnRestart, Status
 from core.store import births, claims, completion, new_tasks, tasks, worker_writes
 from core.store.database import EVENTS_CHANNEL, Database
 from core.store.transitions import Event, move
@@ -425,3 +427,73 @@ def test_retry_of_a_dead_letter_makes_a_new_task(db: Database, model_id: str) ->
     assert new.status == "queued" and new.retry_of == claimed.task_id
     assert returned.status == "queued" and returned.retry_of == claimed.task_id
     assert task_row(db, claimed.task_id).status == "failed"
+
+
+def dead_letter(db: Database, model_id: str, **fields: Any) -> str:
+    claimed = run_to_running(db, model_id, max_attempts=1, **fields)
+    worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e",
+                          message="m")
+    assert task_row(db, claimed.task_id).status == "failed"
+    return claimed.task_id
+
+
+def test_a_retry_keeps_the_priority_and_the_dedupe_key(db: Database, model_id: str) -> None:
+    """Both were dropped: an urgent task came back at the default priority, and two
+    active tasks held one dedupe key."""
+    failed = dead_letter(db, model_id, priority=1, dedupe_key="order-7")
+    new = task_row(db, new_tasks.retry_failed(db, failed, max_attempts=3).id)
+    assert (new.priority, new.dedupe_key) == (1, "order-7")
+
+
+def test_a_retry_of_a_key_another_active_task_holds_is_a_conflict(
+    db: Database, model_id: str
+) -> None:
+    failed = dead_letter(db, model_id, dedupe_key="order-7")
+    holder = new_task(db, model_id, dedupe_key="order-7")
+    with pytest.raises(Conflict) as refused:
+        new_tasks.retry_failed(db, failed, max_attempts=3)
+    assert refused.value.code == "dedupe_conflict"
+    assert [row.id for row in active_rows(db)] == [holder]
+
+
+def test_a_retry_asked_again_answers_the_active_retry(db: Database, model_id: str) -> None:
+    """A double-click on Retry made two tasks doing the same work."""
+    failed = dead_letter(db, model_id)
+    first = new_tasks.retry_failed(db, failed, max_attempts=3)
+    again = new_tasks.retry_failed(db, failed, max_attempts=3)
+    assert again.id == first.id
+    assert [row.id for row in active_rows(db)] == [first.id]
+
+
+def test_retries_asked_at_the_same_instant_make_one_task(db: Database, model_id: str) -> None:
+    """Each sees no active retry before it inserts: the store's unique index decides,
+    and the losers answer the winner's task."""
+    failed = dead_letter(db, model_id)
+    start = threading.Barrier(6)
+
+    def retry() -> str:
+        start.wait()
+        return str(new_tasks.retry_failed(db, failed, max_attempts=3).id)
+
+    with ThreadPoolExecutor(6) as pool:
+        answered = set(pool.map(lambda _: retry(), range(6)))
+    assert len(answered) == 1
+    assert [row.id for row in active_rows(db)] == list(answered)
+
+
+def test_a_failed_retry_can_be_retried_again(db: Database, model_id: str) -> None:
+    """Only an active retry is answered: once it failed too, a new one is made."""
+    failed = dead_letter(db, model_id)
+    first = new_tasks.retry_failed(db, failed, max_attempts=1)
+    claimed = claim_one(db)
+    assert claimed.task_id == first.id
+    worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=0, code="e",
+                          message="m")
+    second = new_tasks.retry_failed(db, failed, max_attempts=3)
+    assert second.id != first.id and task_row(db, second.id).status == "queued"
+
+
+def active_rows(db: Database) -> list[Any]:
+    with db.read() as conn:
+        return list(conn.execute(select(tasks_table.c.id).where(
+            tasks_table.c.status.in_(ACTIVE))))
