@@ -30,6 +30,16 @@ class OnRestart(StrEnum):
 # The error of a task failed as a dead letter (its attempts spent), whichever claim
 # path or store writes it.
 DEAD_LETTER_ERROR = {"code": "max_attempts_exceeded", "message": "the task used all its attempts"}
+ERROR_MESSAGE_CHARS = 500  # a task's error message is cut to this
+
+
+def spent_by(code: str, message: str) -> dict[str, str]:
+    """`DEAD_LETTER_ERROR` for an attempt that failed retryably with the task's last
+    attempt: its cause kept in the message, which an operator looking at the dead letter
+    otherwise had to find in an earlier event, or could not find at all (a task of one
+    attempt showed only that its attempts were spent)."""
+    cause = f"{DEAD_LETTER_ERROR['message']}; the last failed with {code}: {message}"
+    return {"code": DEAD_LETTER_ERROR["code"], "message": cause[:ERROR_MESSAGE_CHARS]}
 
 
 ACTIVE: frozenset[Status] = frozenset(

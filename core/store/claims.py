@@ -267,9 +267,10 @@ def _claim(
                  items_opened=candidate.items_opened, upstream=upstream, model_entry=entry)
 
 
-def dead_letter(conn: Connection, now: int, where: Held | Locked, *, expected: Status) -> int:
-    """Fail tasks whose attempts are spent, marked as dead letters; how many."""
-    error = DEAD_LETTER_ERROR
+def dead_letter(conn: Connection, now: int, where: Held | Locked, *, expected: Status,
+                error: dict[str, str] = DEAD_LETTER_ERROR) -> int:
+    """Fail tasks whose attempts are spent, marked as dead letters, with `error`; how
+    many."""
     return len(move(conn, now=now, expected={expected}, where=where, to=Status.FAILED,
                     events=[Event("response.failed", {"error": error, "dead_lettered": True})],
                     values={"finished_at": now, "owner_token": None, "lease_expires_at": None,

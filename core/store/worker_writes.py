@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Row, select, update
 from core.clock import iso
 from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
-from core.states import OnRestart, Status
+from core.states import ERROR_MESSAGE_CHARS, OnRestart, Status, spent_by
 from core.store.claims import dead_letter
 from core.store.database import Database
 from core.store.output_flush import add_outputs as add_outputs  # also the completion's
@@ -155,7 +155,7 @@ def fail(db: Database, task_id: str, owner: str, code: str, message: str) -> Non
     """A non-retryable failure: `failed` at once, not a dead letter."""
     with db.write_events() as conn:
         now = db.clock.now_ms()
-        error = {"code": code, "message": message[:500]}
+        error = {"code": code, "message": message[:ERROR_MESSAGE_CHARS]}
         if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
                     where=Held.one(task_id, owner), to=Status.FAILED,
                     events=[Event("response.failed", {"error": error, "dead_lettered": False})],
@@ -186,18 +186,19 @@ def requeue(
 
         queued = PerRow(1, lambda row: [Event("response.queued", {
             "reason": "retry", "attempt": row.attempts, "run_at": iso(run_at),
-            "error": {"code": code, "message": message[:500]}})])
+            "error": {"code": code, "message": message[:ERROR_MESSAGE_CHARS]}})])
 
         if move(conn, now=now, expected=active,
                 where=[*_mine(task_id, owner), tasks.c.attempts < tasks.c.max_attempts],
                 to=Status.QUEUED, events=queued,
                 values={"run_at": run_at, "owner_token": None, "lease_expires_at": None,
                         "error_code": code,
-                        "error_message": message[:500]}):
+                        "error_message": message[:ERROR_MESSAGE_CHARS]}):
             return True
         owned = conn.execute(select(tasks.c.status).where(*_mine(task_id, owner))).first()
         if owned is None or Status(owned.status) not in active or not dead_letter(
-                conn, now, Held.one(task_id, owner), expected=Status(owned.status)):
+                conn, now, Held.one(task_id, owner), expected=Status(owned.status),
+                error=spent_by(code, message)):
             raise fenced(conn, task_id, owner)
         return False
 

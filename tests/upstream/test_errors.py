@@ -47,6 +47,12 @@ def test_a_server_that_is_down_is_retried_then_dead_lettered(
     retries = [e["error"]["code"] for e in event_data(db, task_id, "response.queued")]
     assert retries == ["upstream_unavailable"] * 2  # the third failure dead-letters it
     assert all(closed in e["error"]["message"] for e in event_data(db, task_id, "response.queued"))
+    # The third failure's cause is kept on the dead letter, in its message and event.
+    assert row.error_message.startswith(
+        "the task used all its attempts; the last failed with upstream_unavailable: upstream ")
+    assert closed in row.error_message
+    [failed] = event_data(db, task_id, "response.failed")
+    assert failed["error"] == {"code": row.error_code, "message": row.error_message}
 
 
 def retry_messages(db: Database, settings: Settings, base_url: str, **options: Any) -> list[str]:
