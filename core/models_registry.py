@@ -46,21 +46,30 @@ def could_be_model_id(text: str) -> bool:
 def register(
     db: Database,
     models_dir: Path,
-    path: str | Path,
+    path: str | Path | None,
     *,
     model_id: str | None = None,
     engine: str,
     metadata: dict[str, str] | None = None,
 ) -> Row[Any]:
-    """Add an entry for a file inside `models_dir`; an id already taken is a conflict."""
+    """Add an entry for a file inside `models_dir`; an id already taken is a conflict.
+
+    The API (an entry without `upstream`) and `taskward models add` both call this, so
+    they refuse alike: the `openai` engine without servers is `upstream_required`, no
+    `path` is `validation_error`, an id given but not an id (empty, say) is
+    `invalid_model_id`; only an id not given defaults to the file's name.
+    """
     if engine == UPSTREAM_ENGINE:
         raise InvalidInput("upstream_required",
                            f"the {UPSTREAM_ENGINE} engine needs an upstream object, not a file",
                            extra={"field": "engine"})
+    if path is None:
+        raise InvalidInput("validation_error", "path (a model file) or upstream is required",
+                           extra={"field": "path"})
     if (problem := sampling_metadata_error(metadata or {})) is not None:
         raise InvalidInput("invalid_model_metadata", problem, extra={"field": "metadata"})
     real = resolve_inside(models_dir, path)
-    model_id = _checked_id(model_id or real.stem)
+    model_id = _checked_id(real.stem if model_id is None else model_id)
     if not is_known_engine(engine):
         raise InvalidInput("unknown_engine", "no engine of that name is installed",
                            extra={"field": "engine"})
@@ -96,7 +105,10 @@ def register_upstream(
 
     Refused (422, nothing stored): a URL that is not http(s)…/v1 or whose host
     `allowed_hosts` does not match, a `max_concurrency` outside 1..4096, an
-    `api_key_env` that is not a variable name. The key itself is never read here.
+    `api_key_env` that is not a variable name, a `model` that is not 1..200 printable
+    characters (`invalid_upstream_model`). The API and `taskward models add-upstream`
+    leave these checks to this function, so both answer the same codes. The key itself
+    is never read here.
     """
     urls = _checked_urls(base_urls, allowed_hosts)
     if not 1 <= max_concurrency <= MAX_CONCURRENCY_LIMIT:

@@ -36,14 +36,16 @@ from handlers.threads import blocking, lengthy
 
 
 class UpstreamBody(StrictBody):
-    """Inference servers speaking OpenAI's Chat Completions; ranges are checked by the
-    registry, which answers them with their own codes."""
+    """Inference servers speaking OpenAI's Chat Completions. Types and the number of
+    URLs are checked here; the registry checks each value (a URL's length and form, the
+    model name, the ranges) and answers with its own codes, as it does for `taskward
+    models add-upstream`."""
 
-    base_urls: list[Annotated[str, StringConstraints(max_length=2048)]] = Field(
-        min_length=1, max_length=16, description="each ending in /v1")
-    model: str = Field(min_length=1, max_length=200, description="the upstream's model name")
+    base_urls: list[str] = Field(min_length=1, max_length=16,
+                                 description="1..16 URLs, each ending in /v1")
+    model: str = Field(description="the upstream's model name, 1..200 printable characters")
     api_key_env: str | None = Field(
-        default=None, max_length=128,
+        default=None,
         description="the environment variable holding the upstream's bearer key")
     max_concurrency: int = Field(default=DEFAULT_MAX_CONCURRENCY,
                                  description="attempts in flight fleet-wide, 1..4096")
@@ -52,13 +54,16 @@ class UpstreamBody(StrictBody):
 
 
 class ModelBody(StrictBody):
+    """`id` and `engine` are checked by the registry (`invalid_model_id`,
+    `unknown_engine`), as for `taskward models add`."""
+
     path: str | None = Field(
         default=None, min_length=1, max_length=1024, pattern=NO_CONTROL,
         description="a file inside the models directory (relative to it, or absolute)")
-    id: str | None = Field(default=None, min_length=1, max_length=200,
-                           description="defaults to the file name without its extension")
-    engine: str | None = Field(default=None, min_length=1, max_length=64,
-                               pattern=r"^[A-Za-z0-9._:-]+$",
+    id: str | None = Field(default=None,
+                           description="1..200 of [A-Za-z0-9._:/-]; defaults to the file "
+                                       "name without its extension")
+    engine: str | None = Field(default=None,
                                description=f"default {DEFAULT_ENGINE}; {UPSTREAM_ENGINE} "
                                            "with `upstream`")
     upstream: UpstreamBody | None = None
@@ -88,11 +93,9 @@ async def model_register(data: JSONBody[ModelBody], services: Services) -> dict[
 def _register(db: Database, settings: Settings, data: ModelBody) -> Any:
     if data.upstream is not None:
         return _register_upstream(db, settings, data, data.upstream)
-    if data.path is None:
-        raise InvalidInput("validation_error", "path (a model file) or upstream is required",
-                           extra={"field": "path"})
-    return register(db, settings.models_dir, data.path, model_id=data.id,
-                    engine=data.engine or DEFAULT_ENGINE, metadata=data.metadata)
+    engine = DEFAULT_ENGINE if data.engine is None else data.engine
+    return register(db, settings.models_dir, data.path, model_id=data.id, engine=engine,
+                    metadata=data.metadata)
 
 
 def _register_upstream(
