@@ -1,9 +1,9 @@
 """One typed settings object, read once at start-up and passed down.
 
-Sources, strongest first: `TASKWARD_*` environment variables, then an optional
-`taskward.toml` in the working directory (keys without the prefix, lower case).
-Parsing is strict: an unknown key, a bad value or an inconsistent pair stops start-up
-with a message that names the key.
+Sources, strongest first: `TASKWARD_*` environment variables (names in any case),
+then an optional `taskward.toml` in the working directory (keys without the prefix,
+lower case). Parsing is strict: an unknown key (in any case), a bad value or an
+inconsistent pair stops start-up with a message that names the key.
 
 `Settings` is a frozen dataclass whose bounds are msgspec's (`Meta` in each field's
 annotation), and `load_settings` reads the two sources and converts them with
@@ -170,23 +170,20 @@ _AT_FIELD = re.compile(r"(?P<message>.*) - at `\$\.(?P<name>\w+)`$")
 
 
 def load_settings(**overrides: object) -> Settings:
-    """Settings from `TASKWARD_*` variables (names case-insensitive) over
-    `taskward.toml` in the working directory, with `overrides` winning over both; or
-    `SettingsError` naming the key."""
-    known = {ENV_PREFIX + name.upper() for name in SETTING_NAMES}
-    unknown = sorted(k for k in os.environ if k.startswith(ENV_PREFIX) and k not in known)
-    if unknown:
-        raise SettingsError(f"unknown setting {unknown[0]} (known: {', '.join(sorted(known))})")
+    """Settings from `TASKWARD_*` variables over `taskward.toml` in the working
+    directory, with `overrides` winning over both; or `SettingsError` naming the key.
+
+    Variable names are read in any case (`taskward_lease_seconds` sets the lease), and
+    held to one rule whatever their case: a name that is no setting stops start-up, and
+    so does one setting given under two spellings, whose winner would be the
+    environment's order."""
+    from_env = _read_environment()
     from_file = _read_file()
     unknown = sorted(key for key in from_file if key not in SETTING_NAMES)
     if unknown:
         raise SettingsError(f"{TOML_FILE}: unknown setting {unknown[0]} "
                             f"({ENV_PREFIX}{unknown[0].upper()} is not one)")
-    prefix = ENV_PREFIX.lower()
-    from_env = {key.lower().removeprefix(prefix): value
-                for key, value in os.environ.items() if key.lower().startswith(prefix)}
-    values = {**from_file, **{name: from_env[name] for name in SETTING_NAMES if name in from_env},
-              **overrides}
+    values = {**from_file, **from_env, **overrides}
     try:
         return msgspec.convert(values, type=Settings, strict=False, dec_hook=decode_path)
     except msgspec.ValidationError as exc:
@@ -194,6 +191,26 @@ def load_settings(**overrides: object) -> Settings:
         if found is None:
             raise SettingsError(f"settings: {exc}") from None
         raise SettingsError(f"{ENV_PREFIX}{found['name'].upper()}: {found['message']}") from None
+
+
+def _read_environment() -> dict[str, str]:
+    """The `TASKWARD_*` variables (any case) by setting name, or `SettingsError` naming
+    the first variable that is no setting or that repeats another's setting."""
+    known = {ENV_PREFIX + name.upper() for name in SETTING_NAMES}
+    ours = sorted(key for key in os.environ if key[:len(ENV_PREFIX)].upper() == ENV_PREFIX)
+    # Not ASCII: `str.upper` would read `ſ` as `S` and take a look-alike for a setting.
+    unknown = [key for key in ours if not key.isascii() or key.upper() not in known]
+    if unknown:
+        raise SettingsError(f"unknown setting {unknown[0]} (known: {', '.join(sorted(known))})")
+    values: dict[str, str] = {}
+    spelled: dict[str, str] = {}
+    for key in ours:
+        name = key.upper().removeprefix(ENV_PREFIX).lower()
+        if name in spelled:
+            raise SettingsError(f"{key.upper()} is set twice, as {spelled[name]} and as {key}: "
+                                "unset one of them")
+        spelled[name], values[name] = key, os.environ[key]
+    return values
 
 
 def _read_file() -> dict[str, Any]:

@@ -16,7 +16,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import os
 
     for key in list(os.environ):
-        if key.startswith("TASKWARD_"):
+        if key.upper().startswith("TASKWARD_"):
             monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)
 
@@ -33,6 +33,23 @@ def test_defaults_follow_the_spec() -> None:
 def test_an_unknown_key_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TASKWARD_LEASE_SECONDZ", "5")
     with pytest.raises(SettingsError, match="TASKWARD_LEASE_SECONDZ"):
+        load_settings()
+
+
+@pytest.mark.parametrize("name", ["taskward_lease_secondz", "Taskward_Lease_Secondz",
+                                  "taskward_lease_\u017feconds"])
+def test_an_unknown_key_in_any_case_is_named(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # `taskward_lease_seconds` is read, so its misspelling must not pass unseen; nor may
+    # a look-alike that `str.upper` turns into a setting's name (long s, U+017F).
+    monkeypatch.setenv(name, "5")
+    with pytest.raises(SettingsError, match=f"^unknown setting {name} "):
+        load_settings()
+
+
+def test_one_setting_under_two_spellings_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKWARD_LEASE_SECONDS", "40")
+    monkeypatch.setenv("taskward_lease_seconds", "50")
+    with pytest.raises(SettingsError, match="^TASKWARD_LEASE_SECONDS is set twice"):
         load_settings()
 
 
