@@ -14,7 +14,9 @@ from contextlib import ExitStack
 
 import click
 
+from core.cron import parse_cron
 from core.engines.registry import import_engine_modules
+from core.errors import InvalidInput
 from core.settings import Settings, load_settings
 from core.store.recovery import recover as recover_tasks
 from infra.cli import collector_paused
@@ -32,6 +34,22 @@ log = logging.getLogger(__name__)
 # drain of 5,000 no-op tasks per process went ~40 -> ~4 ms (issue 15). Memory held by
 # garbage cycles waits a little longer; nothing else changes.
 _SWEEPER_YOUNG_THRESHOLD = 20_000
+
+
+class _Cron(click.ParamType):
+    """A cron expression as `TASKWARD_SWEEP_SCHEDULE` takes it (`core.cron`). Checked as
+    the option's value: a bad one is a usage error naming the option (exit 2), not a
+    configuration error blamed on the variable it overrides."""
+
+    name = "cron"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        try:
+            parse_cron(str(value))
+        except InvalidInput as exc:
+            self.fail(exc.message, param, ctx)
+        return str(value)
 
 
 @click.command()
@@ -73,7 +91,7 @@ def sweep(as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--schedule", metavar="CRON",
+@click.option("--schedule", metavar="CRON", type=_Cron(),
               help="Maintenance passes (overrides TASKWARD_SWEEP_SCHEDULE).")
 def sweeper(schedule: str | None) -> None:
     """Long-running sweeper: continuous claiming, maintenance on a cron schedule."""
@@ -85,7 +103,8 @@ def sweeper(schedule: str | None) -> None:
         with collector_paused(freeze=True):
             from scheduler.loop import SweeperLoop
 
-            settings = _worker_settings(**({"sweep_schedule": schedule} if schedule else {}))
+            settings = _worker_settings(
+                **({} if schedule is None else {"sweep_schedule": schedule}))
             db = running.enter_context(database(settings))
             running.enter_context(stop_then_hurry(stop, hurry))
             loop = SweeperLoop(db, settings)

@@ -1,6 +1,7 @@
 """What `taskward pair`, `clients set` and `models add` refuse, on both stores: the
 API's own bounds and name rule (never an overflow traceback or a value the API would
-refuse), and a model file still being written."""
+refuse), and a model file still being written; and what `taskward sweeper` refuses of
+its options."""
 
 from __future__ import annotations
 
@@ -134,3 +135,28 @@ def test_models_add_refuses_a_file_that_grows_while_it_is_hashed(
     entry = json.loads(complete.stdout)
     data = path.read_bytes()
     assert (entry["size_bytes"], entry["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+
+
+@pytest.mark.parametrize("schedule", ["bad cron", "", "* * * * * *", "0 0 30 2 *"])
+def test_sweeper_refuses_a_bad_schedule_as_a_usage_error_naming_the_option(
+    tmp_path: Path, schedule: str
+) -> None:
+    """It was `configuration error: TASKWARD_SWEEP_SCHEDULE: …`, exit 1: blamed on a
+    variable nobody had set."""
+    store = tmp_path / "taskward.db"
+    env = service_env(f"sqlite:///{store}", tmp_path)
+    done = subprocess.run([TASKWARD, "sweeper", "--schedule", schedule], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "Error: Invalid value for '--schedule': " in done.stderr
+    assert "TASKWARD_SWEEP_SCHEDULE" not in done.stderr
+    assert not store.exists()  # refused before anything was opened
+
+
+def test_sweeper_takes_a_good_schedule_as_its_maintenance_schedule(tmp_path: Path) -> None:
+    """Accepted, it goes on to the store, whose schema (none yet) then stops it."""
+    env = service_env(f"sqlite:///{tmp_path}/taskward.db", tmp_path)
+    done = subprocess.run([TASKWARD, "sweeper", "--schedule", "*/5 * * * *"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "run `taskward migrate` first" in done.stderr
