@@ -2,7 +2,8 @@
 
 They work on the store directly (an operator on the machine needs no token) through
 the same core functions the API calls, so a CLI answer and an API answer agree. Each
-prints a table, or one JSON document with `--json`.
+that shows objects or lists prints a table, or one JSON document with `--json`; those
+that remove or revoke print one line and take no `--json` (docs/cli.md lists which).
 """
 
 from __future__ import annotations
