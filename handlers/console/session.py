@@ -109,11 +109,18 @@ def from_this_origin(request: Request[Any, Any, Any]) -> bool:
     """False when the browser says the request came from another site's page: a form
     posted from elsewhere (login CSRF included) is refused before anything is read.
 
-    `Origin` is compared by host only: behind a TLS-terminating proxy the page's origin
-    is https while this process sees http, and the host alone tells another site apart.
+    `Sec-Fetch-Site` is the browser's own word, which no page can forge: `same-origin`
+    is trusted as it is, without comparing `Origin` with `Host`, because a reverse
+    proxy may rewrite `Host` (nginx sends the upstream's by default) and the forms
+    would then be refused for ever; `same-site` and `cross-site` are refused. Only a
+    browser that sends no Fetch Metadata (or `none`) has its `Origin` compared with
+    `Host`, by host only: behind a TLS-terminating proxy the page's origin is https
+    while this process sees http, and the host alone tells another site apart.
     """
     site = request.headers.get("sec-fetch-site")
-    if site is not None and site not in (SAME_ORIGIN, "none"):
+    if site == SAME_ORIGIN:
+        return True
+    if site is not None and site != "none":
         return False
     origin = request.headers.get("origin")
     return origin is None or urlsplit(origin).netloc == request.headers.get("host")
