@@ -6,6 +6,7 @@ secret uses `core.ids.same_secret`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import Connection, Row, bindparam, exists, func, insert, or_, select, update
@@ -28,6 +29,7 @@ from core.ids import hash_secret, new_secret, new_token, random_id, same_secret,
 from core.quotas import LIMIT_NAMES, Limits
 from core.settings import Settings
 from core.store.database import Database
+from core.store.pages import newest_first
 from core.tables import clients, pairing_codes
 
 
@@ -162,6 +164,25 @@ _REVOCATIONS = select(func.count(clients.c.revoked_at).label("revoked"),
 def list_clients(db: Database) -> list[Row[Any]]:
     with db.read() as conn:
         return list(conn.execute(select(clients).order_by(clients.c.id)))
+
+
+def clients_page(
+    db: Database, *, limit: int, after: str | None
+) -> tuple[list[Row[Any]], str | None]:
+    """A page of clients, newest first; the cursor is the last id of the page. For lists
+    that show a page at a time, where `list_clients` would read every client."""
+    with db.read() as conn:
+        return newest_first(conn, select(clients), clients.c.id, limit=limit, after=after)
+
+
+def client_names(db: Database, client_ids: Collection[str]) -> dict[str, str]:
+    """The names of the clients among `client_ids`, by id, in one query by primary key;
+    an id that names no client is left out. For pages that show a few tasks' clients."""
+    if not client_ids:
+        return {}
+    query = select(clients.c.id, clients.c.name).where(clients.c.id.in_(set(client_ids)))
+    with db.read() as conn:
+        return {row.id: row.name for row in conn.execute(query)}
 
 
 def revoke(db: Database, client_id: str, *, by: Client | None = None) -> None:

@@ -100,9 +100,10 @@ async def schedules(session: Session, services: Services, after: Cursor = None) 
 
 
 @get("/clients")
-async def clients(session: Session, services: Services) -> Any:
-    rows = await reads.read_page(services.db, reads.client_list)
-    return html("clients.html", session=session, page="clients", clients=rows)
+async def clients(session: Session, services: Services, after: Cursor = None) -> Any:
+    rows, cursor = await reads.read_page(services.db, reads.client_list, after)
+    return html("clients.html", session=session, page="clients", clients=rows,
+                next_url=next_page("/console/clients", {}, cursor))
 
 
 @get("/models")

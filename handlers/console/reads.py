@@ -2,7 +2,9 @@
 never runs SQL of its own).
 
 Each function takes the store and the page's `now` and returns plain objects for a
-template; `read_page` runs one on the store thread pool. The overview uses the indexed
+template; `read_page` runs one on the store thread pool. A page reads only what it
+shows: a page of rows, and the names of the clients of those rows (never the whole
+clients table, which may hold tens of thousands). The overview uses the indexed
 queries behind `/metrics` (`core.store.queue_stats`) and the per-minute counts of
 `core.store.finished_per_minute`, so it costs the live tasks, not the history.
 """
@@ -18,7 +20,7 @@ from core.clients import client_object
 from core.objects import event_object, model_object, task_object
 from core.schedules import list_schedules, schedule_object
 from core.states import TERMINAL, Status
-from core.store.clients import list_clients
+from core.store.clients import client_names, clients_page
 from core.store.database import Database
 from core.store.finished_per_minute import finished_per_minute
 from core.store.models import list_models
@@ -73,7 +75,7 @@ class TaskFilters:
 class TaskList:
     tasks: list[dict[str, Any]]
     next_cursor: str | None
-    client_names: dict[str, str]
+    client_names: dict[str, str]  # of the clients of `tasks` only
     model_ids: list[str]  # for the model filter
 
 
@@ -83,7 +85,7 @@ def task_list(db: Database, _now: int, filters: TaskFilters, after: str | None,
                               priority=filters.priority, dead_lettered=dead_lettered,
                               limit=PAGE_SIZE, after=after)
     return TaskList([task_object(row) for row in rows], cursor,
-                    {row.id: row.name for row in list_clients(db)},
+                    client_names(db, {row.client_id for row in rows}),
                     [row.id for row in list_models(db)])
 
 
@@ -111,9 +113,8 @@ def task_page(db: Database, _now: int, task_id: str) -> TaskPage:
             break
         after = row.last_seq - EVENTS_SHOWN
     events = [event_object(row, row, event) for event in rows]
-    names = {client.id: client.name for client in list_clients(db)}
-    return TaskPage(task_object(row), row.output_text or "", events,
-                    names.get(row.client_id, ""), row.retry_of,
+    name = client_names(db, [row.client_id]).get(row.client_id, "")
+    return TaskPage(task_object(row), row.output_text or "", events, name, row.retry_of,
                     Status(row.status) not in TERMINAL)
 
 
@@ -123,8 +124,10 @@ def schedule_list(db: Database, _now: int,
     return [schedule_object(row) for row in rows], cursor
 
 
-def client_list(db: Database, _now: int) -> list[dict[str, Any]]:
-    return [client_object(row) for row in list_clients(db)]
+def client_list(db: Database, _now: int,
+                after: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    rows, cursor = clients_page(db, limit=PAGE_SIZE, after=after)
+    return [client_object(row) for row in rows], cursor
 
 
 def model_list(db: Database, _now: int) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ shows hostile output text cannot run anything or send it anywhere.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from functools import cache
 from importlib.resources import files
@@ -71,7 +72,9 @@ def _environment() -> Environment:
     return env
 
 
-def html(template: str, status_code: int = 200, **context: Any) -> Response[str]:
+def html(template: str, status_code: int = 200, headers: Mapping[str, str] | None = None,
+         **context: Any) -> Response[str]:
+    """A page with `PAGE_HEADERS`; `headers`: more of the answer's (a 405's `Allow`)."""
     body = _environment().get_template(template).render(**context)
     return Response(body, status_code=status_code, media_type=MediaType.HTML,
-                    headers=PAGE_HEADERS)
+                    headers={**PAGE_HEADERS, **(headers or {})})
