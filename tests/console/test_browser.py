@@ -3,9 +3,10 @@
 on each store (docs/operations.md, Operator console).
 
 The browser logs in with an admin token, finds a new task in the list, opens it and
-watches its output grow through its own `EventSource` while the task still runs, cancels
-a running task and retries a dead letter. Screenshots of the overview and of a running
-task are saved in the test's temporary directory.
+watches its output grow through its own `EventSource` while the task still runs (each
+row added live showing when its event was stored), cancels a running task and retries a
+dead letter. Screenshots of the overview and of a running task are saved in the test's
+temporary directory.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ class Served:
     def task(self, task_id: str) -> dict[str, Any]:
         with self.api() as api:
             return dict(api.get(f"/v1/tasks/{task_id}").json())
+
+    def event_times(self, task_id: str) -> dict[int, str]:
+        """Each stored event's `created_at`, by seq."""
+        with self.api() as api:
+            page = api.get(f"/v1/tasks/{task_id}/events", params={"limit": 1000}).json()
+        return {event["seq"]: event["created_at"] for event in page["data"]}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -118,6 +125,20 @@ def test_a_running_tasks_output_grows_live_on_its_page(page: Page, served: Serve
     expect(output).to_have_text(expected_text(40))
     expect(page.locator("#live")).to_have_text("finished")
     assert (tmp_path / "running-task.png").stat().st_size > 1000
+
+
+def test_a_row_added_live_shows_when_its_event_was_stored(page: Page, served: Served) -> None:
+    task_id = served.create("words=10 delay=0.2")
+    page.goto(f"/console/tasks/{task_id}")
+    drawn = page.locator("#events tr").count()  # by the server, with their stored times
+    expect(page.locator("#live")).to_have_text("finished")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#events tr')].every(row => row.cells[2].textContent)")
+    shown = page.evaluate(
+        "() => [...document.querySelectorAll('#events tr')]"
+        ".map(row => [Number(row.cells[0].textContent), row.cells[2].textContent])")
+    assert len(shown) > drawn, "no row was added live"
+    assert dict(shown) == served.event_times(task_id)
 
 
 def test_cancelling_a_running_task_from_its_page(page: Page, served: Served) -> None:
