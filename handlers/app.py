@@ -35,7 +35,7 @@ from handlers import (
 )
 from handlers.arrivals import Arrivals
 from handlers.auth import bearer_auth
-from handlers.console.routes import console_router
+from handlers.console.routes import console_router, routing_failures
 from handlers.enqueuing import Enqueuer
 from handlers.errors import problem_details_plugin
 from handlers.json_body import BoundedRequest
@@ -102,6 +102,7 @@ def create_app(
                     bearer_auth()],
         request_class=BoundedRequest,
         before_request=unknown_ids_are_not_found,
+        exception_handlers=routing_failures(),
         plugins=[problem_details_plugin(), _pydantic_bodies()],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=_openapi(),
