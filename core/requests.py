@@ -137,7 +137,8 @@ def new_task(
     past. A schedule gives none: its task keeps its slot's time.
 
     `max_active` is the client's `max_active_tasks`, checked when the task is stored
-    (0: not checked; schedules fire unchecked, since nobody is there to retry).
+    (0: not checked here; a schedule's slots are held to it as they fire,
+    `core.schedule_firing`, since nobody is there to retry a refusal).
     """
     attempts = request.max_attempts or settings.max_attempts_default
     if attempts > settings.max_attempts_cap:

@@ -3,14 +3,16 @@
 One batch of due schedules (indexed on `next_slot_at`) is read, planned in memory, and
 written in chunks, each chunk ONE transaction that:
 
-1. claims the schedules with a conditional UPDATE: only rows whose `(checkpoint, cron)`
-   are still what the plan was computed from move to `checkpoint = now` (PostgreSQL:
-   `FOR UPDATE SKIP LOCKED`, so a racing sweeper passes over rows another one holds;
-   SQLite: the write lock). A schedule edited, deleted or fired meanwhile is left alone.
-   The same statement says whether each owner is revoked by now;
-2. records each slot in the unique ledger with `INSERT … ON CONFLICT DO NOTHING`, so a
+1. takes the schedules whose `(checkpoint, cron)` are still what the plan was computed
+   from (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so a racing sweeper passes over rows
+   another one holds; SQLite: the write lock), reading whether each owner is revoked.
+   A schedule edited, deleted or fired meanwhile is left alone;
+2. counts the room each owner with a `max_active_tasks` has left, its client row locked
+   as the API locks it (`core.store.active_quota`), and shares it out (below);
+3. moves each schedule's checkpoint past the slots it handles, with a conditional UPDATE;
+4. records each slot in the unique ledger with `INSERT … ON CONFLICT DO NOTHING`, so a
    slot fired before (whatever the checkpoint now says) creates nothing;
-3. creates the tasks of the newly recorded slots through one `insert_tasks`, each due
+5. creates the tasks of the newly recorded slots through one `insert_tasks`, each due
    at its slot (its `run_at`, in the past by now: due at once).
 
 Claim, ledger and tasks commit or vanish together: a crash between steps leaves the
@@ -19,6 +21,15 @@ schedule's slots for the retention period (as long as their tasks may be kept), 
 through its primary key as the schedule fires, so it stays bounded. A schedule whose
 stored request no longer decodes, or whose model is gone, has its slots consumed
 without tasks and a warning logged; it never blocks the others.
+
+A client's `max_active_tasks` holds for its schedules as for its requests: a slot that
+would take the client over it waits. Its schedule's checkpoint stays before it, and the
+schedule is looked at again at the next maintenance pass (`TASKWARD_SWEEP_SCHEDULE`,
+its `next_slot_at`, so it never sorts ahead of the slots due by then and never
+crowds out other clients'); once the client has room, its due slots fire, at most `catch_up` of
+them as after downtime. The room is shared out oldest checkpoint first, so schedules of
+one client take turns; two sweepers take turns on the client's row and the second
+counts the first one's tasks. A schedule that starts waiting is logged once.
 
 A schedule of a revoked client (revoked clients are refused) fires nothing: its
 slots are consumed without tasks (logged at debug level only, it is no fault), so its
@@ -35,12 +46,15 @@ from functools import cache
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Row
+from sqlalchemy import Connection, Row
 
+from core.clock import iso
 from core.cron import due_slots, next_slot, parse_cron
 from core.errors import DomainError
+from core.quotas import Limits
 from core.requests import ResponseRequest, new_task
 from core.settings import Settings
+from core.store.active_quota import room
 from core.store.births import NewTask, insert_tasks
 from core.store.database import Database
 from core.store.schedule_slots import (
@@ -48,6 +62,7 @@ from core.store.schedule_slots import (
     claim_schedules,
     due_schedules,
     forget_slots,
+    lock_as_planned,
     record_slots,
 )
 
@@ -70,14 +85,34 @@ class FireResult:
 
 
 @dataclass(frozen=True)
+class _Pass:
+    """What every chunk of one call shares."""
+
+    now: int
+    horizon: int  # ledger rows of slots before it go (the retention period)
+    next_look: int  # when a schedule held by its owner's quota is looked at again
+
+
+@dataclass(frozen=True)
 class _Plan:
     schedule_id: str
+    client_id: str
+    quota: int  # the owner's `max_active_tasks` as read (0: unlimited)
     checkpoint: int  # as read: the claim only succeeds if it is unchanged
     cron: str
+    due_at: int  # `next_slot_at` as read
+    checkpoint_to: int  # where the checkpoint moves: now, or before a slot that waits
     next_slot_at: int
-    slots: tuple[int, ...]
+    slots: tuple[int, ...]  # to fire (or consume, without `task`)
     task: NewTask | None  # None: consume the slots without tasks, for `problem`
     problem: str | None = None
+    waiting: int = 0  # due slots left for a later look: the owner is at its quota
+
+    @property
+    def was_held(self) -> bool:
+        """Whether a slot of it was already waiting for its owner's quota: then it was
+        parked at a later look than its first slot after the checkpoint."""
+        return next_slot(parse_cron(self.cron), self.checkpoint) < self.due_at
 
 
 class _Calendar:
@@ -117,23 +152,28 @@ def fire_due_schedules(
     plans = sorted((_plan(row, calendar, known_models, settings) for row in rows),
                    key=lambda p: p.schedule_id)  # one lock order for every sweeper
     claimed = created = 0
-    horizon = now - int(settings.retention_hours * 3_600_000)
+    this_pass = _Pass(now, horizon=now - int(settings.retention_hours * 3_600_000),
+                      next_look=next_slot(parse_cron(settings.sweep_schedule), now))
     for start in range(0, len(plans), chunk):
-        won, made = _write_isolating_failures(db, plans[start:start + chunk], now, horizon)
+        won, made = _write_isolating_failures(db, plans[start:start + chunk], this_pass)
         claimed, created = claimed + won, created + made
     return FireResult(len(rows), claimed, created)
 
 
 def _plan(row: Row[Any], calendar: _Calendar, known_models: set[str],
           settings: Settings) -> _Plan:
+    quota = Limits(max_active_tasks=row.max_active_tasks).effective(settings).max_active_tasks
+    as_read = {"schedule_id": row.id, "client_id": row.client_id, "quota": quota or 0,
+               "checkpoint": row.checkpoint, "cron": row.cron, "due_at": row.next_slot_at,
+               "checkpoint_to": calendar.now}
     try:
-        plan = _Plan(row.id, row.checkpoint, row.cron, calendar.next_after_now(row.cron),
-                     calendar.due(row), None)
+        plan = _Plan(**as_read, next_slot_at=calendar.next_after_now(row.cron),
+                     slots=calendar.due(row), task=None)
     except DomainError as exc:  # written by another version, or by hand
         log.error("schedule %s: stored cron or catch_up is unreadable (%s); "
                   "looking again in a day", row.id, exc.code)
-        return _Plan(row.id, row.checkpoint, row.cron, calendar.now + _UNREADABLE_RETRY_MS,
-                     (), None, exc.code)
+        return _Plan(**as_read, next_slot_at=calendar.now + _UNREADABLE_RETRY_MS,
+                     slots=(), task=None, problem=exc.code)
     try:
         request = ResponseRequest.model_validate_json(row.request_json)
     except ValidationError:
@@ -145,37 +185,80 @@ def _plan(row: Row[Any], calendar: _Calendar, known_models: set[str],
 
 
 def _write_isolating_failures(
-    db: Database, plans: Sequence[_Plan], now: int, horizon: int
+    db: Database, plans: Sequence[_Plan], this_pass: _Pass
 ) -> tuple[int, int]:
     """Write a chunk; if one schedule's task is refused (its model vanished after the
     plan was made), redo the chunk one schedule at a time and consume that one's slots."""
     try:
-        return _write(db, plans, now, horizon)
+        return _write(db, plans, this_pass)
     except DomainError as exc:
         if len(plans) > 1:
-            results = [_write_isolating_failures(db, [plan], now, horizon) for plan in plans]
+            results = [_write_isolating_failures(db, [plan], this_pass) for plan in plans]
             return sum(r[0] for r in results), sum(r[1] for r in results)
-        return _write(db, [replace(plans[0], task=None, problem=exc.code)], now, horizon)
+        return _write(db, [replace(plans[0], task=None, problem=exc.code)], this_pass)
 
 
-def _write(db: Database, plans: Sequence[_Plan], now: int, horizon: int) -> tuple[int, int]:
+def _write(db: Database, plans: Sequence[_Plan], this_pass: _Pass) -> tuple[int, int]:
     with db.write() as conn:
-        claimed = claim_schedules(conn, plans, now)
-        forget_slots(conn, claimed, before=horizon)
-        won = [replace(p, task=None, problem=_CLIENT_REVOKED) if claimed[p.schedule_id] else p
-               for p in plans if p.schedule_id in claimed]
-        for plan in won:
-            if plan.task is None and plan.slots:
-                log.log(logging.DEBUG if plan.problem == _CLIENT_REVOKED else logging.WARNING,
-                        "schedule %s: %d slot(s) skipped, no task created: %s",
-                        plan.schedule_id, len(plan.slots), plan.problem)
+        owners = lock_as_planned(conn, plans)
+        taken = [replace(p, task=None, problem=_CLIENT_REVOKED) if owners[p.schedule_id] else p
+                 for p in plans if p.schedule_id in owners]
+        rooms = _rooms(conn, {p.client_id: p.quota for p in taken if p.task and p.slots})
+        planned = _within_quotas(taken, rooms, this_pass.next_look)
+        claimed = claim_schedules(conn, planned)
+        forget_slots(conn, claimed, before=this_pass.horizon)
+        won = [p for p in planned if p.schedule_id in claimed]
+        _log_unfired(won)
         firing = {(p.schedule_id, s): p.task for p in won if p.task for s in p.slots}
-        recorded = sorted(record_slots(conn, firing, now))
+        recorded = sorted(record_slots(conn, firing, this_pass.now))
         created = insert_tasks(db, conn, [replace(firing[key], run_at=key[1])
-                                          for key in recorded], now)
+                                          for key in recorded], this_pass.now)
         made = [(key, None if task is None else task.id)
                 for key, task in zip(recorded, created, strict=True)]
         attach_tasks(conn, made)
         if any(task_id for _, task_id in made):
             db.announce_work(conn)
     return len(won), sum(1 for _, task_id in made if task_id)
+
+
+def _rooms(conn: Connection, quotas: dict[str, int]) -> dict[str, int]:
+    """How many more active tasks each owner with a `max_active_tasks` may have (an
+    owner without one, 0, is absent: unlimited); their client rows stay locked until
+    the commit, taken in one order by every sweeper and API process. The limit is the
+    one read with the plan, as an API process checks the one it read with the token."""
+    return {client: room(conn, client, limit)
+            for client, limit in sorted(quotas.items()) if limit}
+
+
+def _within_quotas(plans: Sequence[_Plan], rooms: dict[str, int], next_look: int) -> list[_Plan]:
+    """The plans with each owner's room shared out, oldest checkpoint first: the slots
+    beyond it wait. A schedule with a slot waiting keeps its checkpoint before that slot
+    and is looked at again at `next_look`."""
+    left = dict(rooms)
+    shared: dict[str, _Plan] = {}
+    for plan in sorted(plans, key=lambda p: (p.checkpoint, p.schedule_id)):
+        if plan.task is None or plan.client_id not in left:
+            shared[plan.schedule_id] = plan
+            continue
+        fits = min(len(plan.slots), left[plan.client_id])
+        left[plan.client_id] -= fits
+        if fits < len(plan.slots):
+            checkpoint_to = plan.slots[fits - 1] if fits else plan.checkpoint
+            plan = replace(plan, slots=plan.slots[:fits], checkpoint_to=checkpoint_to,
+                           next_slot_at=next_look, waiting=len(plan.slots) - fits)
+        shared[plan.schedule_id] = plan
+    return [shared[p.schedule_id] for p in plans]
+
+
+def _log_unfired(won: Sequence[_Plan]) -> None:
+    """A warning for slots consumed by a fault, a debug line for a revoked owner's, and
+    one line when a schedule starts waiting for its owner's quota (not at every look)."""
+    for plan in won:
+        if plan.task is None and plan.slots:
+            log.log(logging.DEBUG if plan.problem == _CLIENT_REVOKED else logging.WARNING,
+                    "schedule %s: %d slot(s) skipped, no task created: %s",
+                    plan.schedule_id, len(plan.slots), plan.problem)
+        if plan.waiting and not plan.was_held:
+            log.info("schedule %s: %d slot(s) wait, client %s is at its max_active_tasks; "
+                     "looking again at %s", plan.schedule_id, plan.waiting, plan.client_id,
+                     iso(plan.next_slot_at))

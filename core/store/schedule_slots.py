@@ -1,9 +1,9 @@
 """The statements that fire schedule slots (the plan and its reasons:
 `core.schedule_firing`, which runs them in one transaction per chunk).
 
-PostgreSQL and SQLite differ in one place here: the claim locks the planned rows with
-`FOR UPDATE SKIP LOCKED` on PostgreSQL, where sweepers race row by row; SQLite's write
-transaction already holds the whole database.
+PostgreSQL and SQLite differ in one place here: `lock_as_planned` locks the planned rows
+with `FOR UPDATE SKIP LOCKED` on PostgreSQL, where sweepers race row by row; SQLite's
+write transaction already holds the whole database.
 """
 
 from __future__ import annotations
@@ -41,16 +41,22 @@ class PlannedClaim(Protocol):
     @property
     def cron(self) -> str: ...
     @property
+    def checkpoint_to(self) -> int: ...
+    @property
     def next_slot_at(self) -> int: ...
 
 
 def due_schedules(db: Database, now: int, limit: int) -> tuple[list[Row[Any]], set[str]]:
     """Up to `limit` schedules due at `now` (oldest due first, through the
-    `next_slot_at` index), and the ids of the registered models, in one snapshot."""
+    `next_slot_at` index) with their owners' own `max_active_tasks` (None: the
+    setting's default, also for an owner unknown here), and the ids of the registered
+    models, in one snapshot."""
     with db.read() as conn:
         rows: list[Row[Any]] = list(conn.execute(
             select(schedules.c.id, schedules.c.client_id, schedules.c.cron,
-                   schedules.c.request_json, schedules.c.catch_up, schedules.c.checkpoint)
+                   schedules.c.request_json, schedules.c.catch_up, schedules.c.checkpoint,
+                   schedules.c.next_slot_at, clients.c.max_active_tasks)
+            .outerjoin(clients, clients.c.id == schedules.c.client_id)
             .where(schedules.c.next_slot_at <= now)
             .order_by(schedules.c.next_slot_at, schedules.c.id)
             .limit(limit)
@@ -65,44 +71,62 @@ _OWNER_REVOKED = schedules.c.client_id.in_(
     select(clients.c.id).where(clients.c.revoked_at.is_not(None)))
 
 
-# PostgreSQL: lock the planned rows first, passing over those a racing sweeper holds.
-# The ids go as an array, whose length the planner knows: it looks them up by key
-# (joined to a JSON table, which it guesses at 100 rows, it scanned the whole table).
+# The ids go as an array on PostgreSQL, whose length the planner knows: it looks them up
+# by key (joined to a JSON table, which it guesses at 100 rows, it scanned the whole table).
 _PLANNED_IDS = bindparam("ids", type_=ARRAY(String()))
-_LOCK_PLANNED = (select(schedules.c.id).where(schedules.c.id == any_(_PLANNED_IDS))
+_AS_READ = (schedules.c.id, schedules.c.checkpoint, schedules.c.cron,
+            _OWNER_REVOKED.label("revoked"))
+# PostgreSQL: lock the planned rows, passing over those a racing sweeper holds.
+_LOCK_PLANNED = (select(*_AS_READ).where(schedules.c.id == any_(_PLANNED_IDS))
                  .with_for_update(skip_locked=True))
+_READ_PLANNED = select(*_AS_READ).where(
+    schedules.c.id.in_(bindparam("ids", expanding=True)))
+
+
+def lock_as_planned(conn: Connection, plans: Sequence[PlannedClaim]) -> dict[str, bool]:
+    """The planned schedules whose `(checkpoint, cron)` are still what the plan was
+    computed from, each with whether its owner is revoked; from here to the commit they
+    are this caller's to fire (PostgreSQL: locked, passing over the rows a racing sweeper
+    holds; SQLite: the write transaction holds the whole database). A schedule edited,
+    deleted or fired meanwhile is left out. The revocation is read in the transaction
+    that creates the tasks, so one committed before it is never missed."""
+    planned = {p.schedule_id: (p.checkpoint, p.cron) for p in plans}
+    statement = _LOCK_PLANNED if conn.dialect.name == "postgresql" else _READ_PLANNED
+    rows = conn.execute(statement, {"ids": list(planned)})
+    return {row.id: bool(row.revoked) for row in rows
+            if planned[row.id] == (row.checkpoint, row.cron)}
 
 
 @cache
 def _claim_statement(dialect_name: str) -> Any:
     """The UPDATE of `claim_schedules`, built once per dialect: the plans travel as one
     JSON parameter, so its text is the same for every chunk (`core.store.bulk`)."""
-    plan = json_rows(dialect_name, "plan", [("id", String()), ("checkpoint", BigInteger()),
-                                            ("cron", String()), ("next_slot_at", BigInteger())])
+    plan = json_rows(dialect_name, "plan", [
+        ("id", String()), ("checkpoint", BigInteger()), ("cron", String()),
+        ("checkpoint_to", BigInteger()), ("next_slot_at", BigInteger())])
     as_planned = [schedules.c.id == plan.c.id, schedules.c.checkpoint == plan.c.checkpoint,
                   schedules.c.cron == plan.c.cron]
-    if dialect_name == "postgresql":  # only the rows `_LOCK_PLANNED` got
+    if dialect_name == "postgresql":  # the planner's key lookup (`_PLANNED_IDS`)
         as_planned.append(schedules.c.id == any_(_PLANNED_IDS))
     return (
         update(schedules).where(*as_planned)
-        .values(checkpoint=bindparam("now"), next_slot_at=plan.c.next_slot_at)
-        .returning(schedules.c.id, _OWNER_REVOKED.label("revoked"))
+        .values(checkpoint=plan.c.checkpoint_to, next_slot_at=plan.c.next_slot_at)
+        .returning(schedules.c.id)
     )
 
 
-def claim_schedules(conn: Connection, plans: Sequence[PlannedClaim], now: int) -> dict[str, bool]:
-    """Advance the schedules still as planned. The ids returned are this caller's to
-    fire, each with whether its owner is revoked: read in the transaction that creates
-    the tasks, so a revocation committed before it is never missed. (SQLite needs no
-    row locks: the write transaction holds the whole database.)"""
-    ids = [p.schedule_id for p in plans]
-    if conn.dialect.name == "postgresql":
-        ids = list(conn.execute(_LOCK_PLANNED, {"ids": ids}).scalars())
+def claim_schedules(conn: Connection, plans: Sequence[PlannedClaim]) -> set[str]:
+    """Move the schedules `lock_as_planned` gave to their new checkpoint and next look;
+    the ids moved. The statement that moves a checkpoint carries its own fence (the row
+    as read), so it can never move one that another sweeper or an edit moved first."""
+    if not plans:
+        return set()
     claimed = conn.execute(_claim_statement(conn.dialect.name), {
-        "now": now, "ids": ids,
+        "ids": [p.schedule_id for p in plans],
         "plan": rows_param([{"id": p.schedule_id, "checkpoint": p.checkpoint, "cron": p.cron,
+                             "checkpoint_to": p.checkpoint_to,
                              "next_slot_at": p.next_slot_at} for p in plans])})
-    return {row.id: bool(row.revoked) for row in claimed}
+    return {row.id for row in claimed}
 
 
 @cache

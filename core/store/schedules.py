@@ -2,7 +2,9 @@
 `core.schedule_firing` and `core.store.schedule_slots`).
 
 Two columns carry the firing state: `checkpoint` (every slot at or before it has been
-handled) and `next_slot_at` (the indexed column the sweeper scans). A new or re-timed
+handled) and `next_slot_at` (the indexed column the sweeper scans: the first slot after
+the checkpoint, or, while a slot waits for its owner's `max_active_tasks`, when the
+sweeper looks again). A new or re-timed
 schedule starts with `checkpoint = now`, read in its write transaction, so it never
 fires a slot from before it existed or from its previous expression.
 """

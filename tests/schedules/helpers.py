@@ -6,14 +6,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from freezegun import freeze_time
 from litestar.testing import TestClient
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
+from core.clock import iso
 from core.schedules import create_schedule
 from core.settings import Settings
 from core.store.clients import create_client
 from core.store.database import Database
-from core.tables import schedule_slots, schedules, tasks
+from core.tables import IS_ACTIVE, schedule_slots, schedules, tasks
+from scheduler.fire_schedules import fire_due
 
 
 def ms(text: str) -> int:
@@ -28,6 +31,33 @@ def add_schedule(
     body = {"cron": cron, "catch_up": catch_up,
             "request": {"model": model, "input": "words=2", **request}}
     return create_schedule(db, settings, client, body).id
+
+
+def create_at(when: str, db: Database, settings: Settings, model: str, cron: str,
+              **options: Any) -> str:
+    with freeze_time(when):
+        return add_schedule(db, settings, model, cron, **options)
+
+
+def fire_at(when: str, db: Database, settings: Settings) -> int:
+    with freeze_time(when):
+        return fire_due(db, settings)
+
+
+def fired(db: Database, schedule_id: str | None = None) -> list[str | None]:
+    return [iso(slot) for slot in task_slots(db, schedule_id)]
+
+
+def finish_all_tasks(db: Database) -> None:
+    with db.write() as conn:
+        conn.execute(update(tasks).values(status="completed", finished_at=1))
+
+
+def active_tasks(db: Database, client_id: str) -> int:
+    """Tasks of the client that count towards its `max_active_tasks`."""
+    with db.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(tasks).where(
+            IS_ACTIVE, tasks.c.client_id == client_id)).scalar_one())
 
 
 def task_slots(db: Database, schedule_id: str | None = None) -> list[int]:

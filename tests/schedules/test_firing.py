@@ -24,34 +24,16 @@ from core.store.schedules import delete_schedule
 from core.tables import schedules, tasks
 from scheduler.fire_schedules import fire_due
 from tests.schedules.helpers import (
-    add_schedule,
+    create_at,
+    finish_all_tasks,
+    fire_at,
+    fired,
     ledger,
     ms,
     rewind_checkpoint,
     schedule_row,
     task_slots,
 )
-
-
-def create_at(when: str, db: Database, settings: Settings, model: str, cron: str,
-              **options: Any) -> str:
-    with freeze_time(when):
-        return add_schedule(db, settings, model, cron, **options)
-
-
-def fire_at(when: str, db: Database, settings: Settings) -> int:
-    with freeze_time(when):
-        return fire_due(db, settings)
-
-
-def fired(db: Database, schedule_id: str | None = None) -> list[str | None]:
-    return [iso(slot) for slot in task_slots(db, schedule_id)]
-
-
-def finish_all_tasks(db: Database) -> None:
-    with db.write() as conn:
-        conn.execute(update(tasks).values(status="completed", finished_at=1))
-
 
 # --- the calendar: month ends, 29 February, Vixie day matching --------------------------
 
