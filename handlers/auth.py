@@ -10,27 +10,35 @@ route handler for every guard call, which costs a sixth of a small request.
 A console page's own reads (its live tail's `EventSource`, which cannot send a header)
 are authenticated by the console session cookie instead (`handlers.console.session`).
 
-It also spends one token of the client's request rate (`handlers.limits`).
+It also spends one token of the client's request rate (`handlers.limits`). A request
+the empty bucket would refuse still passes when it is a replay: the same
+Idempotency-Key and the same request (method, path and body: the digest `enqueue`
+compares) as one already answered. Only then is its body read here, and the store asked.
 
 Tokens are checked through the process's `TokenCache`: a revocation is honoured at
-once by the process that made it and within `poll_interval_ms` by every other.
+once by the process that made it and within `poll_interval_ms` by every other. A long
+answer asks again: a stream through `token_still_valid`, a wait (`handlers.waits`)
+through `recheck_caller`, which finds the request it serves in this task's context.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 from litestar import Request
 from litestar.connection import ASGIConnection
-from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
-from litestar.middleware.base import DefineMiddleware
+from litestar.enums import ScopeType
+from litestar.exceptions import SerializationException
+from litestar.middleware import ASGIMiddleware
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from core.clients import Client
 from core.errors import Forbidden, InvalidInput, TooManyRequests, Unauthorized
-from core.idempotency import parse_key
+from core.idempotency import IdempotencyClaim, parse_key, request_digest
 from core.store.database import Database
-from core.store.new_tasks import is_recorded
+from core.store.replays import is_replay
 from handlers.console.session import console_client, session_still_valid
 from handlers.threads import blocking
 from handlers.tokens import TokenCache
@@ -40,6 +48,8 @@ _PUBLIC = "public"
 _SCOPE = "scope"
 PUBLIC_ROUTE: dict[str, Any] = {_PUBLIC: True}
 _MAX_TOKEN_LENGTH = 512
+# The request this task serves, once authenticated: a wait asks again for its caller.
+_SERVED: ContextVar[ASGIConnection[Any, Any, Any, Any]] = ContextVar("taskward_served")
 
 
 def requires(scope: str) -> dict[str, Any]:
@@ -47,23 +57,49 @@ def requires(scope: str) -> dict[str, Any]:
     return {_SCOPE: scope}
 
 
-class BearerAuthentication(AbstractAuthenticationMiddleware):
-    async def authenticate_request(self, connection: ASGIConnection) -> AuthenticationResult:
-        client = await console_client(connection)
-        if client is None:
-            token = bearer_token(connection.headers.get("authorization"))
-            tokens: TokenCache = connection.app.state.services.tokens
-            client = await tokens.client(token)
-        scope = connection.route_handler.opt.get(_SCOPE)
-        if scope is not None and not client.allows(scope):
-            raise Forbidden("missing_scope", f"this call needs the {scope} scope")
-        services = connection.app.state.services
-        try:
-            services.limits.admit_request(client)
-        except TooManyRequests:
-            if not await _is_replay(connection, client, services.db):
-                raise
-        return AuthenticationResult(user=client, auth=None)
+def _unauthenticated(scope: Scope) -> bool:
+    """The OpenAPI schema and CORS preflights (`OPTIONS`) ask for no token."""
+    return scope.get("method") == "OPTIONS" or scope["path"].startswith("/schema")
+
+
+class BearerAuthentication(ASGIMiddleware):
+    """An ASGI middleware rather than Litestar's authentication one, which hands its
+    check a connection that cannot read the body a replay is told by."""
+
+    scopes = (ScopeType.HTTP, ScopeType.WEBSOCKET)
+    exclude_opt_key = _PUBLIC
+    should_bypass_for_scope = staticmethod(_unauthenticated)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send,
+                     next_app: ASGIApp) -> None:
+        connection: ASGIConnection[Any, Any, Any, Any] = ASGIConnection(scope, receive)
+        scope["user"] = await _admitted(connection)
+        _SERVED.set(connection)
+        await next_app(scope, receive, send)
+
+
+async def _admitted(connection: ASGIConnection[Any, Any, Any, Any]) -> Client:
+    """The caller, allowed on this route and within its request rate."""
+    client = await _caller(connection)
+    scope = connection.route_handler.opt.get(_SCOPE)
+    if scope is not None and not client.allows(scope):
+        raise Forbidden("missing_scope", f"this call needs the {scope} scope")
+    services = connection.app.state.services
+    try:
+        services.limits.admit_request(client)
+    except TooManyRequests:
+        if not await _repeats_an_answer(connection, client, services.db):
+            raise
+    return client
+
+
+async def _caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Client:
+    """The client behind the console session or the bearer token, or `Unauthorized`."""
+    client = await console_client(connection)
+    if client is not None:
+        return client
+    tokens: TokenCache = connection.app.state.services.tokens
+    return await tokens.client(bearer_token(connection.headers.get("authorization")))
 
 
 def token_still_valid(request: ClientRequest) -> Callable[[], Awaitable[bool]]:
@@ -85,17 +121,33 @@ def token_still_valid(request: ClientRequest) -> Callable[[], Awaitable[bool]]:
     return still_valid
 
 
-async def _is_replay(connection: ASGIConnection, client: Client, db: Database) -> bool:
-    """A request that repeats an answered Idempotency-Key: never refused by a limit, as
-    it creates nothing. Asked only of a request the rate limit would refuse."""
-    key = connection.headers.get("idempotency-key")
-    if key is None or connection.scope.get("method") != "POST":
+async def recheck_caller() -> None:
+    """Authenticate again the request this task serves, later in its long answer (a
+    wait): `Unauthorized`, the 401 a new request would get, once its token or console
+    session no longer holds. As cheap as a stream's check: the same token cache."""
+    connection = _SERVED.get(None)
+    if connection is not None:
+        await _caller(connection)
+
+
+async def _repeats_an_answer(
+    connection: ASGIConnection[Any, Any, Any, Any], client: Client, db: Database
+) -> bool:
+    """Whether the request is a replay (`core.store.replays`): never refused by a limit,
+    as it creates nothing. Asked only of a request the rate limit would refuse; its body
+    is read here, and read again from memory by its route."""
+    header = connection.headers.get("idempotency-key")
+    if header is None:
         return False
+    request = connection.route_handler.resolve_request_class()(connection.scope,
+                                                               connection.receive)
     try:
-        parsed = parse_key(key)
-    except InvalidInput:
+        key = parse_key(header)
+        body = await request.json()
+    except (InvalidInput, SerializationException):  # not a key, not JSON: no replay
         return False
-    return await blocking(is_recorded, db, client.id, parsed)
+    digest = request_digest(request.method, request.scope["path"], body)
+    return await blocking(is_replay, db, client.id, IdempotencyClaim(key, digest))
 
 
 def bearer_token(header: str | None) -> str:
@@ -108,6 +160,5 @@ def bearer_token(header: str | None) -> str:
     return token
 
 
-def bearer_auth() -> DefineMiddleware:
-    return DefineMiddleware(BearerAuthentication, exclude=["^/schema"],
-                            exclude_from_auth_key=_PUBLIC)
+def bearer_auth() -> BearerAuthentication:
+    return BearerAuthentication()

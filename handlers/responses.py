@@ -28,7 +28,8 @@ from core.objects import deleted_object, response_object
 from core.requests import ResponseRequest, new_task
 from core.states import TERMINAL, Status
 from core.store.births import NewTask
-from core.store.new_tasks import dedupe_holder, is_recorded
+from core.store.new_tasks import dedupe_holder
+from core.store.replays import is_replay
 from core.store.tasks import cancel, delete_finished, get_response
 from handlers.answers import json_bytes, task_location
 from handlers.auth import ClientRequest, requires, token_still_valid
@@ -59,8 +60,7 @@ async def _stream_slot(
     try:
         return services.limits.hold_stream(client)
     except TooManyRequests:
-        replay = claim is not None and await blocking(
-            is_recorded, services.db, client.id, claim.key)
+        replay = claim is not None and await blocking(is_replay, services.db, client.id, claim)
         if not replay and (new.dedupe_key is None
                            or await blocking(dedupe_holder, services.db, new) is None):
             raise

@@ -291,15 +291,6 @@ def _record_keys(conn: Connection, records: Sequence[dict[str, Any]]) -> set[str
                                                returning=[idempotency_keys.c.task_id])}
 
 
-def is_recorded(db: Database, client_id: str, key: str) -> bool:
-    """Whether an answer is stored under the client's idempotency key (expired or not:
-    `enqueue` decides what a stale one means)."""
-    with db.read() as conn:
-        return conn.execute(select(idempotency_keys.c.key).where(
-            idempotency_keys.c.client_id == client_id,
-            idempotency_keys.c.key == key)).first() is not None
-
-
 def _stored_answer(db: Database, client_id: str, claim: IdempotencyClaim) -> Enqueued | None:
     """The recorded answer for the key (deleting it when expired), or None."""
     key_of = (idempotency_keys.c.client_id == client_id, idempotency_keys.c.key == claim.key)

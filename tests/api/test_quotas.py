@@ -7,21 +7,22 @@ from dataclasses import replace
 from typing import Any
 
 from litestar.testing import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from core.clients import Client
 from core.quotas import Limits
 from core.store.clients import create_client
 from core.store.database import Database
-from core.tables import tasks
+from core.tables import idempotency_keys, tasks
 from infra.app import serving_app
 from tests.api.helpers import Caller, caller, complete_due, complete_soon
 
 WORK = ("responses:create", "tasks:read", "tasks:cancel", "models:read")
 
 
-def _limited(db: Database, http: TestClient[Any], **limits: Any) -> Caller:
-    issued = create_client(db, name="limited", scopes=frozenset(WORK), limits=Limits(**limits))
+def _limited(db: Database, http: TestClient[Any], *more_scopes: str, **limits: Any) -> Caller:
+    issued = create_client(db, name="limited", scopes=frozenset({*WORK, *more_scopes}),
+                           limits=Limits(**limits))
     return Caller(http, issued.token, issued.client_id)
 
 
@@ -103,10 +104,12 @@ def test_a_rate_too_small_to_refill_names_a_wait_of_a_day_at_most(
         limited = _limited(db, http, requests_per_second=rate)
         assert limited.get("/v1/tasks").status_code == 200
         refused = limited.get("/v1/tasks")
-        _assert_limit_headers(refused, f"{rate:g}")
+        limit = refused.headers["x-ratelimit-limit-requests"]
+        _assert_limit_headers(refused, limit)
+        assert float(limit) == rate and "e" not in limit  # in full, no exponent
         assert refused.headers["retry-after"] == "86400"
         assert refused.headers["retry-after-ms"] == "86400000"
-        assert refused.headers["x-ratelimit-reset-requests"] == "1440m0s"
+        assert refused.headers["x-ratelimit-reset-requests"] == "24h0m0s"
 
 
 def test_a_replay_passes_an_empty_rate_bucket(
@@ -118,6 +121,50 @@ def test_a_replay_passes_an_empty_rate_bucket(
     assert _create(limited, model_id).status_code == 429  # nothing stored
     replay = _create(limited, model_id, {"Idempotency-Key": "again"})
     assert replay.status_code == 202 and replay.content == first.content
+    assert _stored(db, limited.id) == 1
+
+
+KEYED = {"Idempotency-Key": "K"}
+STILL = 0.01  # requests per second: a bucket spent stays empty for the rest of a test
+
+
+def test_a_recorded_key_lets_no_other_route_past_an_empty_rate_bucket(
+    db: Database, http: TestClient[Any], model_id: str
+) -> None:
+    limited = _limited(db, http, "clients:admin", requests_per_second=STILL)
+    created = _create(limited, model_id, KEYED)
+    assert created.status_code == 202
+    task_id = created.json()["id"]
+    refused = [
+        limited.post("/v1/pairing-codes", json={"scopes": ["tasks:read"]}, headers=KEYED),
+        limited.post("/v1/schedules", headers=KEYED, json={
+            "cron": "0 0 1 1 *", "request": {"model": model_id, "input": "words=1"}}),
+        limited.post(f"/v1/tasks/{task_id}/cancel", headers=KEYED),
+        limited.post(f"/v1/responses/{task_id}/cancel", headers=KEYED),
+    ]
+    assert [(answer.status_code, answer.json()["code"]) for answer in refused] == [
+        (429, "rate_limited")] * 4
+    assert _stored(db, limited.id) == 1
+
+
+def test_a_recorded_key_with_another_request_does_not_pass_an_empty_rate_bucket(
+    db: Database, http: TestClient[Any], model_id: str
+) -> None:
+    limited = _limited(db, http, requests_per_second=STILL)
+    assert _create(limited, model_id, KEYED).status_code == 202
+    other = _create(limited, model_id, KEYED, input="words=2")
+    assert (other.status_code, other.json()["code"]) == (429, "rate_limited")
+
+
+def test_an_expired_record_does_not_pass_an_empty_rate_bucket(
+    db: Database, http: TestClient[Any], model_id: str
+) -> None:
+    """`enqueue` makes a new task for a request whose record has expired: not a replay."""
+    limited = _limited(db, http, requests_per_second=STILL)
+    assert _create(limited, model_id, KEYED).status_code == 202
+    with db.write() as conn:
+        conn.execute(update(idempotency_keys).values(expires_at=0))
+    assert _create(limited, model_id, KEYED).status_code == 429
     assert _stored(db, limited.id) == 1
 
 
@@ -162,6 +209,10 @@ def test_a_streamed_replay_and_a_dedupe_hit_pass_when_every_stream_slot_is_held(
         assert _create(limited, model_id, stream=True).status_code == 429
         replay = _create(limited, model_id, {"Idempotency-Key": "streamed"}, stream=True)
         assert replay.status_code == 200 and replay.text == first.text
+        # The key alone is no replay: only the same request is answered from its record.
+        other = _create(limited, model_id, {"Idempotency-Key": "streamed"}, stream=True,
+                        input="another request")
+        assert other.status_code == 429 and other.json()["code"] == "too_many_streams"
         hit = _create(limited, model_id, stream=True, dedupe_key="one")
         assert hit.status_code == 200 and hit.headers["dedupe-hit"] == "true"
         assert _create(limited, model_id, stream=True, dedupe_key="two").status_code == 429
