@@ -14,6 +14,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 
 from core.clients import Client
 from core.errors import TooManyRequests
@@ -56,8 +57,8 @@ class ClientLimits:
         if bucket.tokens >= 1:
             bucket.tokens -= 1
             return
-        raise TooManyRequests("rate_limited", f"this client may send {rate:g} requests per "
-                              "second; slow down", limit=rate,
+        raise TooManyRequests("rate_limited", f"this client may send {limit_header(rate)} "
+                              "requests per second; slow down", limit=rate,
                               retry_after=min((1 - bucket.tokens) / rate,
                                               _LONGEST_RETRY_SECONDS))
 
@@ -94,9 +95,25 @@ def end_with(owner: object, end: Callable[[], None]) -> None:
 
 
 def reset_header(seconds: float) -> str:
-    """OpenAI's `x-ratelimit-reset-requests` form: `1s`, `20ms`, `6m0s`."""
-    if seconds < 1:
-        return f"{max(1, math.ceil(seconds * 1000))}ms"
-    if seconds < 60:
-        return f"{math.ceil(seconds)}s"
-    return f"{int(seconds // 60)}m{math.ceil(seconds % 60)}s"
+    """OpenAI's `x-ratelimit-reset-requests` form, a Go duration: milliseconds under a
+    second (`20ms`), else the wait rounded up to whole seconds, then split: `1s`, `6m0s`,
+    `1h2m3s`. Splitting first and rounding each part let the seconds reach 60 (`1m60s`)."""
+    millis = max(1, math.ceil(seconds * 1000))
+    if millis < 1000:
+        return f"{millis}ms"
+    hours, left = divmod(math.ceil(seconds), 3600)
+    minutes, whole_seconds = divmod(left, 60)
+    if hours:
+        return f"{hours}h{minutes}m{whole_seconds}s"
+    if minutes:
+        return f"{minutes}m{whole_seconds}s"
+    return f"{whole_seconds}s"
+
+
+def limit_header(limit: float) -> str:
+    """A limit as `x-ratelimit-limit-requests` writes it: a whole number as an integer
+    (`1234567`, where `:g` wrote `1.23457e+06`), any other in full and without an
+    exponent (`0.1234567`, `0.00001`)."""
+    if float(limit).is_integer():
+        return str(int(limit))
+    return format(Decimal(str(float(limit))), "f")
