@@ -8,6 +8,11 @@ A wait ends when its client leaves, as a stream does: Litestar does not cancel a
 handler whose client has gone, so a client that gave up on a 30 s `?wait=` one second
 in still held its slot, its waiter and a task of the event loop for the other 29 (a
 client with `max_streams: 1` was refused `too_many_streams` all that while).
+
+A wait also ends when its client is revoked, as a stream does: its caller is
+authenticated again every `AUTH_RECHECK_SECONDS` (`handlers.auth.recheck_caller`, the
+token cache a stream asks), and the wait answers the `401` any request of the revoked
+token gets, instead of the task some seconds later.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from litestar.types import Receive
 from sqlalchemy import Row
 
 from core.clients import Client
+from handlers.auth import recheck_caller
 from handlers.live import settled
 from handlers.services import Services
 from handlers.slow_clients import ClientDisconnected
+from handlers.sse import AUTH_RECHECK_SECONDS
 
 T = TypeVar("T")
 
@@ -32,7 +39,7 @@ async def held_wait(
     timeout: float,
 ) -> Row[Any]:
     """`handlers.live.settled`, counted as one of the client's streams when it waits,
-    and ended when the client leaves (`until_left`)."""
+    and ended when the client leaves or is revoked (`until_left`)."""
     if timeout <= 0:
         return await settled(services.db, services.tail, task_id, owner, timeout)
     end = services.limits.hold_stream(client)
@@ -44,19 +51,32 @@ async def held_wait(
 
 
 async def until_left(receive: Receive, waiting: Awaitable[T]) -> T:
-    """What `waiting` gives, or `ClientDisconnected` (answered to nobody, logged
+    """What `waiting` gives; or `ClientDisconnected` (answered to nobody, logged
     nowhere) as soon as the client closes its connection: its server says so through
-    `receive` once the request's body has been read."""
+    `receive` once the request's body has been read; or `Unauthorized` within about
+    `AUTH_RECHECK_SECONDS` of the client's revocation."""
     wait = asyncio.ensure_future(waiting)
     left = asyncio.ensure_future(_left(receive))
+    revoked = asyncio.ensure_future(_revoked())
     try:
-        await asyncio.wait((wait, left), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((wait, left, revoked), return_when=asyncio.FIRST_COMPLETED)
         if wait.done():
             return wait.result()
+        if revoked.done():
+            revoked.result()  # raises: `Unauthorized`, or the store's failure to answer
         raise ClientDisconnected()
     finally:
         wait.cancel()
         left.cancel()
+        revoked.cancel()
+
+
+async def _revoked() -> None:
+    """Raise once the caller no longer holds its credentials; asked as often as an idle
+    stream asks."""
+    while True:
+        await asyncio.sleep(AUTH_RECHECK_SECONDS)
+        await recheck_caller()
 
 
 async def _left(receive: Receive) -> None:
