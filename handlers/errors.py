@@ -30,7 +30,7 @@ from core.bodies import field_path
 from core.errors import DomainError, TooManyRequests, Unauthorized, unstorable_value
 from core.failure_streak import FailureTally
 from core.objects import task_object
-from handlers.limits import reset_header
+from handlers.limits import limit_header, reset_header
 from handlers.slow_clients import BodyTimeout, ClientDisconnected
 from handlers.threads import store_unavailable
 
@@ -55,6 +55,8 @@ _HTTP_CODES = {
     429: "too_many_requests",
 }
 _MAX_LISTED_ERRORS = 10
+_VALIDATION_ERROR = "validation_error"
+_WHOLE_BODY = "body"  # the field a fault of the whole request is told under
 
 
 def problem_details_plugin() -> ProblemDetailsPlugin:
@@ -110,6 +112,8 @@ def problem_of(exc: Exception) -> ProblemDetailsException:
 def _domain_problem(exc: DomainError) -> ProblemDetailsException:
     extra = {key: task_object(value) if isinstance(value, Row) else value
              for key, value in exc.extra.items()}
+    if exc.code == _VALIDATION_ERROR:
+        extra.update(_field_errors([_domain_field_error(exc)]))
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
     if isinstance(exc, TooManyRequests):
         headers = limit_headers(exc)
@@ -121,7 +125,7 @@ def limit_headers(exc: TooManyRequests) -> dict[str, str]:
     long (up to a minute) and retry by themselves."""
     return {"Retry-After": str(max(1, math.ceil(exc.retry_after))),
             "retry-after-ms": str(max(1, math.ceil(exc.retry_after * 1000))),
-            "x-ratelimit-limit-requests": f"{exc.limit:g}",
+            "x-ratelimit-limit-requests": limit_header(exc.limit),
             "x-ratelimit-remaining-requests": str(exc.remaining),
             "x-ratelimit-reset-requests": reset_header(exc.retry_after)}
 
@@ -131,16 +135,31 @@ def _validation_problem(exc: ValidationException) -> ProblemDetailsException:
     listed = exc.extra if isinstance(exc.extra, list) else []
     errors = [_field_error(item) for item in listed[:_MAX_LISTED_ERRORS] if isinstance(item, dict)]
     if not errors:
-        errors = [{"field": "body", "message": "the request is not valid"}]
+        errors = [{"field": _WHOLE_BODY, "message": "the request is not valid"}]
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-    return problem(422, "validation_error", detail,
-                   extra={"field": errors[0]["field"], "errors": errors})
+    return problem(422, _VALIDATION_ERROR, detail, extra=_field_errors(errors))
+
+
+def _field_errors(errors: list[dict[str, str]]) -> dict[str, Any]:
+    """The members every `validation_error` carries, whoever found the fault (the schema
+    or the domain): `field`, the first offending one, and `errors`, each as
+    `{"field", "message"}`."""
+    return {"field": errors[0]["field"], "errors": errors}
+
+
+def _domain_field_error(exc: DomainError) -> dict[str, str]:
+    """The one fault a domain `validation_error` names (`extra={"field": …}`), its
+    message without the `field: ` the detail starts with; a fault that names no field
+    is the body's, as the schema's would be."""
+    field = str(exc.extra.get("field") or _WHOLE_BODY)
+    message = exc.message.removeprefix(f"{field}: ")
+    return {"field": field, "message": message}
 
 
 def _field_error(item: dict[str, Any]) -> dict[str, str]:
-    field = str(item.get("key") or item.get("source") or "body")
+    field = str(item.get("key") or item.get("source") or _WHOLE_BODY)
     if field == "data":  # Litestar's name for the body when it is missing entirely
-        return {"field": "body", "message": "a JSON object is required"}
+        return {"field": _WHOLE_BODY, "message": "a JSON object is required"}
     message = str(item.get("message", "invalid value"))
     if message.startswith("Invalid enum value"):  # msgspec quotes the value it was sent
         message = "not one of the allowed values"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
+from core.errors import unstorable_value
 from core.settings import Settings
 from core.store.database import Database
 from handlers.errors import problem, problem_of
@@ -48,6 +49,33 @@ def test_schema_violation_names_the_field_without_echoing_values(
     body = assert_problem(response, 422, "validation_error")
     assert {e["field"] for e in body["errors"]} == {"temperature", "on_restart"}
     assert "SECRET" not in response.text
+
+
+REQUEST = {"model": "words", "input": "hi"}
+FAR_OFF = "2099-01-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(("path", "body", "field", "message"), [
+    ("/v1/responses", {**REQUEST, "max_attempts": 11}, "max_attempts", "must be at most 10"),
+    ("/v1/schedules", {"cron": "@daily", "request": {**REQUEST, "run_at": FAR_OFF}},
+     "request.run_at", "a schedule's slot decides when its task runs"),
+    ("/v1/schedules", {"cron": "@daily", "catch_up": 0, "request": REQUEST}, "catch_up",
+     "Input should be greater than or equal to 1"),
+    ("/v1/models", {"id": "no-file"}, "path", "path (a model file) or upstream is required"),
+])
+def test_a_validation_error_the_domain_finds_lists_its_errors_as_the_schemas_do(
+    admin: Caller, model_id: str, path: str, body: dict[str, Any], field: str, message: str,
+) -> None:
+    problem_body = assert_problem(admin.post(path, json=body), 422, "validation_error")
+    assert problem_body["field"] == field
+    assert problem_body["errors"] == [{"field": field, "message": message}]
+
+
+def test_a_validation_error_naming_no_field_is_told_as_the_bodys() -> None:
+    answer = problem_of(unstorable_value())
+    assert isinstance(answer.extra, dict)
+    assert answer.extra["field"] == "body"
+    assert answer.extra["errors"] == [{"field": "body", "message": answer.detail}]
 
 
 def test_body_over_the_limit_is_413(settings: Settings, db: Database, model_id: str) -> None:
