@@ -14,15 +14,15 @@ from core.errors import Forbidden
 from core.quotas import Limits
 from core.settings import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PER_SECOND_BOUND
 from core.store.clients import (
+    clients_page,
     create_pairing_code,
-    list_clients,
     redeem_pairing_code,
     revoke,
     set_limits,
 )
 from handlers.answers import page
 from handlers.auth import PUBLIC_ROUTE, ClientRequest, requires
-from handlers.params import ClientId
+from handlers.params import ClientId, Cursor, PageLimit
 from handlers.services import Services
 from handlers.threads import blocking
 
@@ -81,9 +81,13 @@ async def new_pairing_code(
 
 
 @get("/v1/clients", opt=requires("clients:admin"), tags=["clients"])
-async def clients_list(services: Services) -> dict[str, Any]:
-    rows = await blocking(list_clients, services.db)
-    return page([client_object(row) for row in rows], None)
+async def clients_list(
+    services: Services, limit: PageLimit = 20, after: Cursor = None
+) -> dict[str, Any]:
+    """A page of clients, newest first, as every list is: the whole table in one answer
+    was megabytes once clients came and went by the thousand."""
+    rows, cursor = await blocking(clients_page, services.db, limit=limit, after=after)
+    return page([client_object(row) for row in rows], cursor)
 
 
 @delete("/v1/clients/{client_id:str}", opt=requires("clients:admin"), tags=["clients"])

@@ -167,3 +167,17 @@ def test_a_name_with_a_control_character_is_refused(
     minted = admin.post("/v1/pairing-codes", json={"name": name})
     assert (minted.status_code, minted.json()["code"]) == (422, "validation_error")
     assert pair(http, code, name="plain").status_code == 201  # the refusal spent nothing
+
+
+def test_clients_are_listed_a_page_at_a_time(db: Database, admin: Caller) -> None:
+    """The whole table came in one answer: megabytes once clients come and go."""
+    made = {create_client(db, name=f"client {n}", scopes=DEFAULT_SCOPES).client_id
+            for n in range(25)}
+    first = admin.get("/v1/clients").json()
+    assert len(first["data"]) == 20 and first["next_cursor"] is not None
+    rest = admin.get("/v1/clients", params={"after": first["next_cursor"],
+                                            "limit": 100}).json()
+    listed = [c["id"] for c in first["data"] + rest["data"]]
+    assert rest["next_cursor"] is None and len(listed) == len(set(listed))
+    assert made | {admin.id} == set(listed)
+    assert admin.get("/v1/clients", params={"limit": 101}).status_code == 422
