@@ -21,7 +21,7 @@ import re
 import socket
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 from msgspec import Meta
@@ -166,6 +166,18 @@ class Settings:
 
 
 SETTING_NAMES = frozenset(setting.name for setting in fields(Settings))
+
+
+def _whole_number_settings() -> frozenset[str]:
+    hints = get_type_hints(Settings, include_extras=True)
+    return frozenset(name for name, hint in hints.items()
+                     if (get_args(hint)[0] if get_origin(hint) is Annotated else hint) is int)
+
+
+# msgspec's lax conversion reads a text `1e1` or `2.0` as the integer it equals, where
+# `2.5` and `+2` are refused: a whole-number setting given as text is digits only.
+_WHOLE_NUMBER_SETTINGS = _whole_number_settings()
+_DIGITS = re.compile(r"[0-9]+")
 _AT_FIELD = re.compile(r"(?P<message>.*) - at `\$\.(?P<name>\w+)`$")
 
 
@@ -184,6 +196,10 @@ def load_settings(**overrides: object) -> Settings:
         raise SettingsError(f"{TOML_FILE}: unknown setting {unknown[0]} "
                             f"({ENV_PREFIX}{unknown[0].upper()} is not one)")
     values = {**from_file, **from_env, **overrides}
+    for name in sorted(_WHOLE_NUMBER_SETTINGS & values.keys()):
+        if isinstance(values[name], str) and not _DIGITS.fullmatch(values[name]):
+            raise SettingsError(f"{ENV_PREFIX}{name.upper()}: must be a whole number, "
+                                "written in digits only")
     try:
         return msgspec.convert(values, type=Settings, strict=False, dec_hook=decode_path)
     except msgspec.ValidationError as exc:

@@ -59,6 +59,18 @@ def test_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings()
 
 
+@pytest.mark.parametrize("written", ["1e1", "2.0", "2e0", " 2"])
+def test_a_whole_number_is_written_in_digits(
+    monkeypatch: pytest.MonkeyPatch, written: str
+) -> None:
+    """`1e1` was read as 10 threads and `2.0` as 2, where `2.5` and `+2` were refused."""
+    monkeypatch.setenv("TASKWARD_ENGINE_THREADS", written)
+    with pytest.raises(SettingsError, match="TASKWARD_ENGINE_THREADS: must be a whole number"):
+        load_settings()
+    monkeypatch.setenv("TASKWARD_ENGINE_THREADS", "2")
+    assert load_settings().engine_threads == 2
+
+
 def test_heartbeat_must_be_shorter_than_the_lease(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TASKWARD_HEARTBEAT_SECONDS", "30")
     with pytest.raises(SettingsError, match="TASKWARD_HEARTBEAT_SECONDS"):
