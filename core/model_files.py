@@ -12,6 +12,8 @@ import os
 import shutil
 import stat
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,32 @@ def file_digest(path: Path) -> FileDigest:
     mtime (`os.utime`), but every write and every `utime` moves ctime, which only the
     kernel sets, and a replaced file has another inode: either way it is hashed again.
     """
+    with _regular_file(path) as fd:
+        return _descriptor_digest(fd, path)[1]
+
+
+@contextmanager
+def hashed_file(path: Path) -> Iterator[tuple[Path, FileDigest]]:
+    """A name for the regular file at `path`, valid inside the block, and the digest of
+    the bytes it names (`file_digest`'s rules and codes).
+
+    Checking a name and then opening it again would read whatever sits there by then: a
+    file swapped in between would be read under a digest it does not have. So the name
+    given is `/proc/self/fd/N` of the very descriptor that was hashed (or whose identity
+    the digest cache knows), which keeps naming that file whatever happens to `path`.
+    A write to it while the block runs, or its replacement, moves its ctime:
+    `model_file_changed` when the block ends, so the reader drops what it read.
+    """
+    with _regular_file(path) as fd:
+        identity, digest = _descriptor_digest(fd, path)
+        yield Path(f"/proc/self/fd/{fd}"), digest
+        if _identity(os.fstat(fd)) != identity:
+            raise _changed(path)
+
+
+@contextmanager
+def _regular_file(path: Path) -> Iterator[int]:
+    """A read-only descriptor of the regular file at `path`, closed when the block ends."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -70,9 +98,17 @@ def file_digest(path: Path) -> FileDigest:
     except (OSError, RuntimeError):  # a loop, permissions, a name too long
         raise _unreadable(path) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _missing(path)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _descriptor_digest(fd: int, path: Path) -> tuple[_Identity, FileDigest]:
+    """The identity and digest of the file open at `fd` (`file_digest`'s rules)."""
+    try:
+        st = os.fstat(fd)
         key = _identity(st)
         with _digests_lock:
             cached = _digests.get(key)
@@ -84,19 +120,18 @@ def file_digest(path: Path) -> FileDigest:
                 _digests[key] = cached
                 while len(_digests) > _CACHED_DIGESTS:
                     del _digests[next(iter(_digests))]
-        return FileDigest(cached, st.st_size)
     except OSError:
         raise _unreadable(path) from None
-    finally:
-        os.close(fd)
+    return key, FileDigest(cached, st.st_size)
 
 
 _CACHED_DIGESTS = 64
-_digests: dict[tuple[int, int, int, int, int], str] = {}  # oldest first
+_Identity = tuple[int, int, int, int, int]
+_digests: dict[_Identity, str] = {}  # oldest first
 _digests_lock = threading.Lock()
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+def _identity(st: os.stat_result) -> _Identity:
     """What changes whenever the file's content may have (the digest cache's key)."""
     return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
 

@@ -175,8 +175,11 @@ def verified_entry(models_dir: Path, entry: ModelEntry | None) -> tuple[str, Mod
     entry is `entry` (None: no longer registered), or a non-retryable `EngineError`.
 
     The entry is read by the caller (a worker: in the claim's transaction); the file is
-    checked here, now. Codes: `model_not_found` (entry gone), `model_file_missing`,
-    `model_digest_mismatch`, `model_file_changed` (it changed while it was hashed).
+    checked here, now. A file swapped after this check is caught when it is loaded: the
+    engine checks the digest again on the descriptor it loads from
+    (`core.model_files.hashed_file`). Codes: `model_not_found` (entry gone),
+    `model_file_missing`, `model_digest_mismatch`, `model_file_changed` (it changed
+    while it was hashed).
     """
     if entry is None:
         raise EngineError("model_not_found", "the task's model is no longer registered",

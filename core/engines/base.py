@@ -186,3 +186,24 @@ class EngineOptions:
 
 
 EngineFactory = Callable[[EngineOptions], Engine]
+
+
+def storable(text: str) -> str:
+    """`text` with every lone surrogate and every NUL made U+FFFD, as an upstream's
+    undecodable bytes are (`core.engines.upstream.protocol.payload`): what an engine
+    stores, and what the local engine hands llama.cpp, whose C strings end at a NUL.
+
+    JSON may escape either (`"\\ud800"`, `"\\u0000"`) and Python's parser keeps it, but
+    no UTF-8 text holds a lone surrogate (the attempt failed where its output is
+    measured and stored) and no PostgreSQL text holds a NUL (the attempt's write was
+    refused; SQLite stored it): from a broken or hostile upstream, again on every
+    retry. A valid pair is one character by then, so only lone ones change."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text

@@ -25,6 +25,7 @@ from core.engines.base import (
     GenerationRequest,
     ModelFile,
     Snapshot,
+    storable,
 )
 from core.engines.llama_loop import (
     END,
@@ -35,8 +36,10 @@ from core.engines.llama_loop import (
     Sequence,
 )
 from core.engines.llama_native import llama_cpp
-from core.engines.llama_sampling import Sampling
+from core.engines.llama_sampling import Sampling, is_greedy
 from core.engines.llama_text import Utf8Pieces
+from core.errors import InvalidInput
+from core.model_files import hashed_file
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256
 
@@ -72,15 +75,28 @@ class LlamaEngine:
 
 
 def _read_model(model: ModelFile) -> llama_cpp.LlamaModel:
+    """The model's weights, read into this process's own memory from bytes that hash to
+    `model.sha256` (`hashed_file`): the loaded model is cached under that digest.
+
+    Not mapped (llama.cpp maps by default): a mapped file that is truncated or
+    overwritten in place while a model of it runs makes the next read of a dropped page
+    SIGBUS, which kills the process and every task in it. Copied, the weights are the
+    ones verified until the model is evicted, and the next task's digest check fails on
+    the changed file. The cost, measured on the default model: a load 0.25 s instead of
+    0.21 s, and its 95 MB private (anonymous) memory rather than shared page cache.
+    """
     init_backend()
     params = llama_cpp.LlamaModelParams()
     params.n_gpu_layers = 0
+    params.use_mmap = False
     try:
-        llama_model = llama_cpp.LlamaModel(str(model.path), params)
-    except Exception as exc:
-        raise EngineError(
-            "model_load_failed", f"cannot load model {model.model_id!r}: {exc}", retryable=False
-        ) from exc
+        with hashed_file(model.path) as (pinned_path, digest):
+            if digest.sha256 != model.sha256:
+                raise EngineError("model_digest_mismatch", "the model file was replaced "
+                                  "since its digest was checked", retryable=False)
+            llama_model = _loaded(model, str(pinned_path), params)
+    except InvalidInput as exc:  # vanished, or changed while it was hashed or loaded
+        raise EngineError(exc.code, exc.message, retryable=False) from None
     try:
         apply_template(llama_model, [{"role": "user", "content": "probe"}])
     except RuntimeError as exc:
@@ -92,9 +108,30 @@ def _read_model(model: ModelFile) -> llama_cpp.LlamaModel:
     return llama_model
 
 
+def _loaded(
+    model: ModelFile, pinned_path: str, params: llama_cpp.LlamaModelParams
+) -> llama_cpp.LlamaModel:
+    """llama.cpp's model of the file at `pinned_path`; its error names the model's path,
+    which the operator knows, rather than the descriptor's."""
+    try:
+        return llama_cpp.LlamaModel(pinned_path, params)
+    except Exception as exc:
+        reason = str(exc).replace(pinned_path, str(model.path))
+        raise EngineError(
+            "model_load_failed", f"cannot load model {model.model_id!r}: {reason}",
+            retryable=False,
+        ) from exc
+
+
 def apply_template(llama_model: llama_cpp.LlamaModel, messages: list[dict[str, str]]) -> str:
-    """The model's chat template as llama.cpp's built-in renderer applies it."""
-    chat = [llama_cpp.LlamaChatMessage(role=m["role"], content=m["content"]) for m in messages]
+    """The model's chat template as llama.cpp's built-in renderer applies it.
+
+    llama.cpp takes each message as a C string, which would end it at its first NUL
+    and silently drop the rest: every NUL (and lone surrogate, which has no UTF-8 form)
+    becomes U+FFFD first, as in the upstream engine's output, so the whole text is read.
+    """
+    chat = [llama_cpp.LlamaChatMessage(role=m["role"], content=storable(m["content"]))
+            for m in messages]
     template = llama_model.get_default_chat_template() or None
     return llama_model.chat_apply_template(template, chat, True)
 
@@ -172,7 +209,7 @@ class LlamaLoadedModel:
     ) -> tuple[list[int], int | None]:
         """Tokens generated so far and the seed to keep using."""
         if snapshot is None:
-            if request.seed is None and request.temperature:
+            if request.seed is None and not is_greedy(request.temperature):
                 return [], secrets.randbits(32)
             return [], request.seed
         tokens, seed = snapshot.get("tokens"), snapshot.get("seed")

@@ -18,6 +18,7 @@ from core.engines.llama import LlamaEngine, LlamaLoadedModel
 from core.engines.llama_native import llama_cpp
 from core.engines.llama_text import Utf8Pieces
 from core.engines.registry import engine_named
+from core.model_files import sha256_of
 
 REPO = Path(__file__).resolve().parents[2]
 MESSAGES = [
@@ -140,6 +141,31 @@ def test_usage_counts_prompt_tokens_and_cumulative_generated_tokens(
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("temperature", [1e-45, 1e-38, 1e-7])
+def test_a_temperature_next_to_zero_is_greedy(
+    default_model: LlamaLoadedModel, temperature: float
+) -> None:
+    near_zero = dataclasses.replace(GREEDY, temperature=temperature, seed=7)
+
+    assert text(run(default_model, near_zero)) == text(run(default_model, GREEDY))
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("role", ["system", "user"])
+def test_text_after_a_nul_in_a_message_is_part_of_the_prompt(
+    default_model: LlamaLoadedModel, role: str
+) -> None:
+    def count(content: str) -> int:
+        return len(default_model.prompt_tokens([{"role": role, "content": content}]))
+
+    tail = " world" * 200
+    nul_tokens = count("hello\0") - count("hello")
+
+    assert nul_tokens > 0
+    assert count("hello\0" + tail) == count("hello" + tail) + nul_tokens
+
+
+@pytest.mark.model
 def test_a_foreign_snapshot_is_refused(default_model: LlamaLoadedModel) -> None:
     with pytest.raises(EngineError) as caught:
         run(default_model, GREEDY, {"v": 99, "tokens": [1, 2], "seed": None})
@@ -187,11 +213,15 @@ def test_load_reuses_the_model_cached_for_a_digest(
 
 
 @pytest.mark.model
-def test_the_cache_evicts_the_least_recently_used_model(default_model_file: ModelFile) -> None:
+def test_the_cache_evicts_the_least_recently_used_model(
+    tmp_path: Path, default_model_file: ModelFile
+) -> None:
+    other = tmp_path / "other.gguf"  # the same weights, another digest
+    other.write_bytes(default_model_file.path.read_bytes() + b"\0" * 32)
     engine = LlamaEngine(EngineOptions(threads=1, cache_size=1))
     first = engine.load(default_model_file)
 
-    engine.load(dataclasses.replace(default_model_file, sha256="another digest"))
+    engine.load(ModelFile("other", other, sha256_of(other)))
 
     assert engine.load(default_model_file) is not first
 
@@ -211,7 +241,7 @@ def test_a_corrupt_model_file_is_model_load_failed(
         corrupt.write_bytes(default_model_file.path.read_bytes()[: 1024 * 1024])
 
     with pytest.raises(EngineError) as caught:
-        LlamaEngine(EngineOptions()).load(ModelFile("corrupt", corrupt, "0" * 64))
+        LlamaEngine(EngineOptions()).load(ModelFile("corrupt", corrupt, sha256_of(corrupt)))
 
     assert caught.value.code == "model_load_failed"
     assert not caught.value.retryable

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from core.engines.base import EngineError, GenerationRequest
+from core.engines.base import EngineError, GenerationRequest, storable
 
 UNAVAILABLE = "upstream_unavailable"
 RATE_LIMITED = "upstream_rate_limited"
@@ -119,26 +119,6 @@ def _asked_choice(choices: Any) -> dict[str, Any] | None:
         if isinstance(choice, dict) and choice.get("index") in (0, None):
             return choice
     return None
-
-
-def storable(text: str) -> str:
-    """`text` with every lone surrogate and every NUL made U+FFFD, as undecodable bytes
-    are (`payload`).
-
-    JSON may escape either (`"\\ud800"`, `"\\u0000"`) and Python's parser keeps it, but
-    no UTF-8 text holds a lone surrogate (the attempt failed where its output is
-    measured and stored) and no PostgreSQL text holds a NUL (the attempt's write was
-    refused; SQLite stored it): from a broken or hostile upstream, again on every
-    retry. A valid pair is one character by then, so only lone ones change."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\ufffd")
-    if text.isascii():
-        return text
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return text
 
 
 def _count(value: Any) -> int | None:
