@@ -17,12 +17,23 @@ from core.engines.llama_native import llama_cpp
 
 _RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp reads it as "pick any seed"
 PENALTY_LAST_N = 64  # llama.cpp's default window for the repetition penalty
+# Temperatures below this are greedy. Sampling at temperature T draws from
+# softmax(logits / T), which converges to the arg max as T goes to 0, so greedy is what
+# a tiny T means; computed instead, llama.cpp's float32 `logit / T` overflows to inf
+# below about 1e-37 and the draw is of NaNs: random tokens. At 1e-6 the most likely
+# token already outweighs one a thousandth of a logit behind it by e^1000.
+GREEDY_BELOW = 1e-6
+
+
+def is_greedy(temperature: float | None) -> bool:
+    """Whether a request's (or entry's) temperature means greedy decoding."""
+    return temperature is None or temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """Greedy when temperature is 0 or unset; otherwise penalties, top-k, top-p,
-    temperature, then a seeded draw (llama.cpp's own order)."""
+    """Greedy when temperature is unset or below `GREEDY_BELOW`; otherwise penalties,
+    top-k, top-p, temperature, then a seeded draw (llama.cpp's own order)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -37,7 +48,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return not self.temperature
+        return is_greedy(self.temperature)
 
     def sampler_at(self, position: int, history: list[int]) -> llama_cpp.LlamaSampler:
         """The chain for output `position`; `history` is the sequence so far."""

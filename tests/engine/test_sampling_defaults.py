@@ -9,7 +9,8 @@ import pytest
 
 from core.engines.base import GenerationRequest
 from core.engines.llama_native import llama_cpp
-from core.engines.sampling import with_model_defaults
+from core.engines.llama_sampling import Sampling
+from core.engines.sampling import sampling_metadata_error, with_model_defaults
 from core.errors import InvalidInput
 from core.model_files import install_default_model
 from core.models_registry import register
@@ -37,9 +38,15 @@ def test_temperature_zero_in_the_request_stays_greedy() -> None:
     assert with_model_defaults(GenerationRequest(HELLO, temperature=0), ENTRY).temperature == 0
 
 
-@pytest.mark.parametrize("metadata", [{"temperature": "hot"}, {"top_p": "0"},
-                                      {"repeat_penalty": "-1"}, {"top_k": "2.5"},
-                                      {"temperature": "nan"}])
+@pytest.mark.parametrize("metadata", [
+    {"temperature": "hot"}, {"top_p": "0"}, {"repeat_penalty": "-1"}, {"top_k": "2.5"},
+    {"temperature": "nan"},
+    # Near zero, llama.cpp's float32 divides by 0 and the entry's tasks answer nothing.
+    {"repeat_penalty": "1e-300"}, {"repeat_penalty": "1e-45"}, {"repeat_penalty": "0.09"},
+    # float() reads these as 1.0 and 0.5; only plain ASCII decimals are numbers here.
+    {"temperature": "0_1"}, {"temperature": "\u0661"}, {"temperature": " 0.5\n"},
+    {"top_p": "0x1p-1"}, {"top_k": "1_000"},
+])
 def test_an_entry_with_unusable_sampling_metadata_is_refused(
     db: Database, settings: Settings, metadata: dict[str, str]
 ) -> None:
@@ -49,6 +56,20 @@ def test_an_entry_with_unusable_sampling_metadata_is_refused(
         register(db, settings.models_dir, "m.gguf", engine="llama.cpp", metadata=metadata)
 
     assert caught.value.code == "invalid_model_metadata"
+
+
+@pytest.mark.parametrize("metadata", [
+    {"temperature": "0.5"}, {"temperature": "+1"}, {"temperature": "1e-45"}, {"top_p": "1E-2"},
+    {"repeat_penalty": "0.1"}, {"repeat_penalty": "10"}, {"top_k": "40"}, {"top_k": "-0"},
+])
+def test_plain_decimals_in_range_are_usable_sampling_metadata(metadata: dict[str, str]) -> None:
+    assert sampling_metadata_error(metadata) is None
+
+
+def test_an_entry_temperature_next_to_zero_samples_greedily() -> None:
+    merged = with_model_defaults(GenerationRequest(HELLO), {"temperature": "1e-45"})
+
+    assert Sampling.of(merged, seed=None).greedy
 
 
 class _RecordingSampler(llama_cpp.LlamaSampler):
