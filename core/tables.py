@@ -230,6 +230,7 @@ tasks = Table(
     _partial("ix_tasks_line", "priority", "vtime", "id", where=_IN_LINE_SQL),
     _partial("ix_tasks_client_line", "client_id", "priority", "vtime", where=_IN_LINE_SQL),
     _partial("ix_tasks_outside_line", "run_at", "id", where=_OUTSIDE_LINE_SQL),
+    _partial("ix_tasks_client_outside_line", "client_id", "run_at", "id", where=_OUTSIDE_LINE_SQL),
     _partial("ix_tasks_client_active", "client_id", where=_ACTIVE_SQL),
     _partial("ux_tasks_dedupe", "client_id", "dedupe_key", unique=True,
              where=f"dedupe_key IS NOT NULL AND {_ACTIVE_SQL}"),

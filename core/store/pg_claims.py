@@ -185,7 +185,7 @@ LEFT JOIN models ON models.id = claimed.model
 # Each claimed task's registry entry rides along (`m_<field>`, NULL when the model is
 # gone): the model check at the task's start needs no transaction of its own.
 _ENTRY = ", ".join(f"models.{column.name} AS m_{column.key}" for column in ENTRY_COLUMNS)
-# `core.store.line._DUE_OUTSIDE`'s question, asked first: does a waiting task's time
+# `core.store.line._due_now`'s question, asked first: does a waiting task's time
 # come before the line is read? (`ix_tasks_outside_line`)
 _WAITING = """waiting AS (
   SELECT tasks.id FROM tasks WHERE status = 'queued' AND vtime IS NULL AND tasks.run_at <= :now

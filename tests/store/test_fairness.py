@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections import Counter
 
 from freezegun import freeze_time
+from sqlalchemy import select
 
 from core.store import claims, worker_writes
 from core.store.births import NewTask, insert_tasks
 from core.store.database import Database
+from core.tables import tasks
 from tests.store.helpers import new_task, task_row
 
 LEASE = 60_000
@@ -23,11 +25,13 @@ def _next(db: Database, limit: int = 1) -> list[str]:
     return [c.task_id for c in claims.claim(db, limit=limit, lease_ms=LEASE, node_id="n")]
 
 
-def _bulk(db: Database, model: str, client: str, count: int, priority: int = 5) -> list[str]:
+def _bulk(db: Database, model: str, client: str, count: int, priority: int = 5,
+          run_at: int | None = None) -> list[str]:
     """`count` tasks of one client in one transaction, as a group commit makes them."""
     with db.write() as conn:
         rows = insert_tasks(db, conn, [NewTask(client_id=client, model=model, request_json="{}",
-                                               priority=priority)] * count, db.clock.now_ms())
+                                               priority=priority, run_at=run_at)] * count,
+                            db.clock.now_ms())
     return [row.id for row in rows if row is not None]
 
 
@@ -111,3 +115,46 @@ def test_a_retried_task_leaves_the_line_until_its_backoff_is_over(
         assert _next(db, limit=2) == [second]
         frozen.tick(6)
         assert _next(db) == [first]
+
+
+def test_a_delayed_task_is_claimed_in_the_first_round_after_1000_earlier_delayed_ones(
+    db: Database, model_id: str
+) -> None:
+    with freeze_time("2026-12-01 08:00:00") as frozen:
+        due = db.clock.now_ms() + 60_000
+        _bulk(db, model_id, "client-a", 1000, run_at=due)
+        lone = new_task(db, model_id, client="client-b", run_at=due + 1)
+        frozen.tick(61)
+        assert lone in _next(db, limit=2)  # one claim of two is one round of two clients
+
+
+def test_a_task_back_from_its_backoff_is_claimed_in_the_first_round_after_1000_waiting_ones(
+    db: Database, model_id: str
+) -> None:
+    with freeze_time("2026-12-01 08:00:00") as frozen:
+        retried = new_task(db, model_id, client="client-b")
+        [claimed] = claims.claim(db, limit=1, lease_ms=LEASE, node_id="n")
+        _bulk(db, model_id, "client-a", 1000, run_at=db.clock.now_ms() + 1_000)
+        worker_writes.requeue(db, claimed.task_id, claimed.owner_token, delay_ms=2_000,
+                              code="engine_error", message="retry me")
+        frozen.tick(3)
+        assert retried in _next(db, limit=2)
+
+
+def test_one_clients_delayed_backlog_alone_drains_whole_in_run_at_order(
+    db: Database, model_id: str
+) -> None:
+    with freeze_time("2026-12-01 08:00:00") as frozen:
+        now = db.clock.now_ms()
+        with db.write() as conn:  # 300 due times, shuffled, some shared
+            insert_tasks(db, conn, [NewTask(client_id="client-a", model=model_id,
+                                            request_json="{}",
+                                            run_at=now + 1_000 + (k * 7_919) % 250)
+                                    for k in range(300)], now)
+            expected = [row.id for row in conn.execute(
+                select(tasks.c.id).order_by(tasks.c.run_at, tasks.c.id))]
+        frozen.tick(2)
+        taken: list[str] = []
+        while batch := _next(db, limit=16):
+            taken += batch
+    assert taken == expected
