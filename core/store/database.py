@@ -4,7 +4,7 @@ A write transaction on SQLite starts with `BEGIN IMMEDIATE`, so the write lock i
 taken up front and two writers never deadlock on a lock upgrade; on PostgreSQL a plain
 `BEGIN` plus `FOR UPDATE SKIP LOCKED` in the claim does the same job. Callers never
 branch on the dialect: they ask this module's named abilities (`single_writer`,
-`data_modifying_ctes`, `listener`, `recovery_scope`), or `core.store.bulk` for
+`data_modifying_ctes`, `listener`, `recovery_scope`, `beside`), or `core.store.bulk` for
 many-row writes.
 """
 
@@ -64,7 +64,7 @@ class Database:
         self.is_sqlite = engine.dialect.name == "sqlite"
         self._listeners: dict[str, list[Callable[[Any], None]]] = {}
         self.held_here = HeldTasks()  # tasks this process's workers hold (`held`)
-        self._writers = _WriterQueue(engine.url.database if self.is_sqlite else None)
+        self._writers = _WriterQueue(self.beside("writer-lock"))
         if self.is_sqlite:
             _take_over_sqlite_transactions(engine)
 
@@ -143,6 +143,15 @@ class Database:
         has come, so the requests that arrived while it waited ride along."""
         with self._writers.turn():
             yield
+
+    def beside(self, suffix: str) -> str | None:
+        """`<database file>.<suffix>`, a file for a lock the processes of one machine
+        share (`flock`), or None when the store is no file (PostgreSQL, in-memory SQLite),
+        and its processes must agree some other way."""
+        database = self.engine.url.database
+        if not self.is_sqlite or database in (None, "", ":memory:"):
+            return None
+        return f"{database}.{suffix}"
 
     def recovery_scope(self, node_id: str, *, all_nodes: bool = False) -> str | None:
         """The node whose leftover tasks a cold start may recover (None: every task).
@@ -284,9 +293,8 @@ class _WriterQueue:
     busy timeout) instead of waiting for itself. PostgreSQL and in-memory SQLite: no-op.
     """
 
-    def __init__(self, database: str | None) -> None:
-        usable = database not in (None, "", ":memory:")
-        self._path = f"{database}.writer-lock" if usable else None
+    def __init__(self, path: str | None) -> None:
+        self._path = path
         self._threads = threading.RLock()
         self._depth = 0
         self._fd: int | None = None

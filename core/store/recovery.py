@@ -3,11 +3,20 @@
 Both apply one policy table (docs/state-machine.md), set-based: one conditional UPDATE per
 target state, its events inserted in bulk in the same transaction, so 100,000 leftover
 tasks recover in seconds and a second run finds nothing left to change.
+
+A cold start cannot tell a crashed worker's tasks from a live one's by their leases
+(after a kill -9 they are unexpired too: that is the case it is for), so on SQLite every
+process that runs attempts holds a sign of life for as long as it lives (`sweeping`),
+and recovery refuses while one does (`SweepersAlive`). PostgreSQL scopes recovery by
+node instead (`Database.recovery_scope`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import fcntl
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import and_, or_
@@ -37,16 +46,58 @@ RESTART_POLICY: dict[tuple[Status, OnRestart], Status] = {
 
 SERVER_RESTARTED = "server_restarted"
 WORKER_LOST = "worker_lost"
+SWEEPERS_LOCK = "sweepers"  # `<db>.sweepers`, beside a SQLite store
+
+
+class SweepersAlive(Exception):
+    """Recovery refused: a process that runs attempts is alive on this SQLite store, and
+    recovery would treat its running tasks as left by a crash."""
+
+    def __init__(self) -> None:
+        super().__init__("a sweeper is running on this store: stop it first; recovery "
+                         "would restart its running tasks")
+
+
+@contextmanager
+def sweeping(db: Database) -> Iterator[None]:
+    """The sign of life of a process that runs attempts (`taskward sweeper`, `sweep`,
+    `run`), held for as long as it may: on SQLite a shared `flock` on `<db>.sweepers`.
+    The kernel drops it however the process ends, kill -9 included, so a crash leaves
+    no sign behind. Waits while a recovery runs, so no claim overlaps one. PostgreSQL:
+    nothing."""
+    with _sweepers_lock(db, fcntl.LOCK_SH):
+        yield
+
+
+@contextmanager
+def _sweepers_lock(db: Database, operation: int) -> Iterator[None]:
+    """`flock(operation)` on `<db>.sweepers` (0600) for the block; `SweepersAlive` when
+    a non-blocking one finds it held. A descriptor of its own each time: `flock`s of
+    two descriptors conflict even within one process."""
+    path = db.beside(SWEEPERS_LOCK)
+    if path is None:
+        yield
+        return
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(descriptor, operation)
+        except BlockingIOError:
+            raise SweepersAlive() from None
+        yield
+    finally:
+        os.close(descriptor)
 
 
 def recover(db: Database, *, node_id: str | None) -> dict[str, int]:
     """Cold start: apply the restart policy to every leftover task in scope.
 
     `node_id=None` means every task (SQLite, or `--all` on PostgreSQL); otherwise only
-    tasks last held by that node. Returns how many tasks went to each state.
+    tasks last held by that node. Returns how many tasks went to each state. On SQLite,
+    raises `SweepersAlive` and changes nothing while a process is `sweeping`.
     """
     scope = [IS_ACTIVE] if node_id is None else [IS_ACTIVE, tasks.c.node_id == node_id]
-    with db.write() as conn:
+    with _sweepers_lock(db, fcntl.LOCK_EX | fcntl.LOCK_NB), db.write() as conn:
         return _apply(conn, db.clock.now_ms(), scope, [Status.QUEUED, Status.LOADING,
                                                        Status.RUNNING, Status.CANCELLING],
                       reason=SERVER_RESTARTED, fail_code=SERVER_RESTARTED,

@@ -2,7 +2,9 @@
 
 These are what a platform runs: `recover` as a cold-start hook (init container,
 ExecStartPre), `sweep` from cron, `sweeper` as a long-running service, `run` for a
-single machine. Each reads the same settings and exits 0 when its job is done.
+single machine. Each reads the same settings and exits 0 when its job is done. The
+three that run attempts hold their sign of life (`core.store.recovery.sweeping`) for as
+long as they run, so that a recovery on SQLite never restarts their live work.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import click
 
@@ -18,6 +21,7 @@ from core.cron import parse_cron
 from core.engines.registry import import_engine_modules
 from core.errors import InvalidInput
 from core.settings import Settings, load_settings
+from core.store.recovery import SweepersAlive, sweeping
 from core.store.recovery import recover as recover_tasks
 from infra.cli import collector_paused
 from infra.cli.context import database, domain_errors, emit
@@ -67,7 +71,7 @@ def migrate() -> None:
 def recover(all_nodes: bool, as_json: bool) -> None:
     """Cold-start hook: apply each leftover task's restart policy (idempotent)."""
     settings = load_settings()
-    with database(settings) as db:
+    with database(settings) as db, _refused_while_sweeping():
         counts = recover_tasks(db, node_id=db.recovery_scope(settings.node_id,
                                                              all_nodes=all_nodes))
     if as_json:
@@ -85,7 +89,7 @@ def sweep(as_json: bool) -> None:
         from scheduler.sweep import sweep_once
     settings = _worker_settings()
     stop, hurry = threading.Event(), threading.Event()
-    with database(settings) as db, stop_then_hurry(stop, hurry):
+    with database(settings) as db, sweeping(db), stop_then_hurry(stop, hurry):
         summary = sweep_once(db, settings, stop=stop, hurry=hurry)
     emit(summary, as_json=True)
 
@@ -106,6 +110,7 @@ def sweeper(schedule: str | None) -> None:
             settings = _worker_settings(
                 **({} if schedule is None else {"sweep_schedule": schedule}))
             db = running.enter_context(database(settings))
+            running.enter_context(sweeping(db))
             running.enter_context(stop_then_hurry(stop, hurry))
             loop = SweeperLoop(db, settings)
             loop.start()
@@ -125,7 +130,7 @@ def run(host: str, port: int) -> None:
         from infra.runtime import prepare, serve_all_in_one
     settings = _worker_settings()
     ensure_free(host, port)  # before the store is touched: a refused `run` leaves no trace
-    with domain_errors():
+    with domain_errors(), _refused_while_sweeping():
         prepared = prepare(settings)
     click.echo(f"schema at {prepared.revision}; recovered: "
                + ", ".join(f"{k} {v}" for k, v in prepared.recovered.items()))
@@ -135,8 +140,20 @@ def run(host: str, port: int) -> None:
         click.echo(f"admin pairing code (one use, expires in "
                    f"{settings.pairing_code_ttl_seconds:.0f}s): {prepared.admin_code}")
     click.echo(f"serving on http://{host}:{port} with the sweeper (Ctrl-C stops both)")
-    serve_all_in_one(host=host, port=port,
-                     idle_timeout_seconds=settings.http_idle_timeout_seconds)
+    # Held here, in granian's main process: its worker, where the sweeper loop runs, is
+    # forked with the lock's descriptor, so the sign lasts while either of them lives.
+    with database(settings, check=False) as db, sweeping(db):
+        serve_all_in_one(host=host, port=port,
+                         idle_timeout_seconds=settings.http_idle_timeout_seconds)
+
+
+@contextmanager
+def _refused_while_sweeping() -> Iterator[None]:
+    """A recovery refused because a sweeper lives (SQLite): one line, exit status 1."""
+    try:
+        yield
+    except SweepersAlive as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _worker_settings(**overrides: object) -> Settings:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 from freezegun import freeze_time
@@ -10,7 +12,7 @@ from freezegun import freeze_time
 from core.states import OnRestart, Status
 from core.store import claims, worker_writes
 from core.store.database import Database
-from core.store.recovery import RESTART_POLICY, expire_leases, recover
+from core.store.recovery import RESTART_POLICY, SweepersAlive, expire_leases, recover, sweeping
 from tests.store.helpers import assert_log_sound, event_types, events_of, new_task, task_row
 
 LEASE = 30_000
@@ -136,3 +138,27 @@ def test_recovery_never_touches_finished_tasks(db: Database, model_id: str) -> N
     recover(db, node_id=None)
     assert task_row(db, task_id).status == "cancelled"
     assert event_types(db, task_id) == ["response.created", "response.cancelled"]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_on_sqlite_recovery_is_refused_while_a_process_is_sweeping(
+    db: Database, model_id: str
+) -> None:
+    task_id = task_in(db, model_id, Status.RUNNING, OnRestart.RETRY)
+    before = task_row(db, task_id)
+    with sweeping(db), pytest.raises(SweepersAlive):
+        recover(db, node_id=None)
+    assert task_row(db, task_id) == before
+    assert recover(db, node_id=None)["queued"] == 1  # the sign went with the process
+    assert stat.S_IMODE(os.stat(f"{db.engine.url.database}.sweepers").st_mode) == 0o600
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_sweeping_is_no_sign_and_recovery_goes_by_node(
+    db: Database, model_id: str
+) -> None:
+    theirs = task_in(db, model_id, Status.RUNNING, OnRestart.RETRY, node="node-b")
+    with sweeping(db):
+        assert recover(db, node_id="node-a")["queued"] == 0
+        assert task_row(db, theirs).status == Status.RUNNING
+        assert recover(db, node_id="node-b")["queued"] == 1
