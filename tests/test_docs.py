@@ -4,6 +4,7 @@ file points at a contract document this repository does not contain."""
 
 from __future__ import annotations
 
+import ast
 import re
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from msgspec import Meta
 
 from core.engines.base import usable_cores
 from core.settings import ENV_PREFIX, SETTING_NAMES, Settings, decode_path
+from handlers.errors import _HTTP_CODES as FRAMEWORK_CODES
 from infra.app import serving_app
 from infra.cli import main
 
@@ -115,6 +117,70 @@ def test_the_http_page_lists_exactly_the_routes_of_the_app(tmp_path: Path) -> No
     assert documented == served
 
 
+# Codes the code raises that no HTTP answer carries, and why.
+UNANSWERED_CODES = {
+    "lease_lost", "cancel_requested",  # a worker's own fenced writes
+    "forbidden_transition",  # a move the state machine lacks: a fault of the caller's code
+    "default_model_missing", "engine_module_missing",  # a process's start-up (the CLI)
+    "invalid_catch_up",  # `core.cron`'s guard: bodies bound `catch_up` first
+    "login_required",  # a console page answers it with a 303 to the login form
+    "client_disconnected",  # nobody is left to read it
+}
+# Besides the domain errors, what takes a code as its first argument: the URL check,
+# whose code the registry passes on (`core.models_registry`).
+CODE_CARRIERS = {"UrlRefused"}
+
+
+def codes_in_the_code() -> set[str]:
+    """Every literal error code of core/, handlers/ and infra/: the first argument of a
+    `DomainError` subclass (or of `super().__init__` inside one) or of `UrlRefused`,
+    the code of `problem(status, code, …)`, and the framework's fallback codes."""
+    trees = [ast.parse(path.read_text()) for folder in ("core", "handlers", "infra")
+             for path in (ROOT / folder).rglob("*.py")]
+    bases: dict[str, list[str]] = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+
+    def is_domain_error(name: str) -> bool:
+        return name == "DomainError" or any(is_domain_error(b) for b in bases.get(name, []))
+
+    def first_literals(scope: ast.AST, carriers: set[str]) -> set[str]:
+        found = set()
+        for node in ast.walk(scope):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            args = node.args[1:] if name == "problem" else node.args
+            if (name in carriers or name == "problem") and args \
+                    and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
+                found.add(args[0].value)
+        return found
+
+    errors = {name for name in bases if is_domain_error(name)}
+    found = set(FRAMEWORK_CODES.values()) | {"http_error"}  # the fallbacks' own fallback
+    for tree in trees:
+        found |= first_literals(tree, errors | CODE_CARRIERS)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name in errors:
+                found |= first_literals(node, {"__init__"})
+    return found
+
+
+def codes_in_the_error_table() -> set[str]:
+    """The codes of the first column of docs/http-api.md's table under "Errors"."""
+    section = (DOCS / "http-api.md").read_text().split("\n## Errors\n", 1)[1]
+    rows = table_rows(section.split("\n## ", 1)[0])[2:]  # past the header and rule rows
+    return {code for row in rows for code in re.findall(r"`([a-z_]+)`", row[0])}
+
+
+def test_the_error_table_names_every_code_the_api_answers_and_no_other() -> None:
+    answered = codes_in_the_code() - UNANSWERED_CODES
+    documented = codes_in_the_error_table()
+    assert (answered - documented, documented - answered) == (set(), set())
+
+
 # --- docs/cli.md --------------------------------------------------------------------
 
 def commands(group: click.Group, prefix: str = "taskward") -> dict[str, click.Command]:
@@ -142,6 +208,15 @@ def test_the_cli_page_has_a_section_for_exactly_the_commands_of_the_code() -> No
     assert set(cli_sections()) == set(commands(main))
 
 
+def test_the_cli_page_lists_exactly_the_commands_that_take_json() -> None:
+    listing = re.search(r"^`--json` is taken by exactly these commands: (.*?)\.$",
+                        (DOCS / "cli.md").read_text(), flags=re.MULTILINE | re.DOTALL)
+    assert listing is not None
+    taking = {name for name, command in commands(main).items()
+              if any("--json" in param.opts for param in command.params)}
+    assert set(re.findall(r"`(taskward [^`]+)`", listing[1])) == taking
+
+
 def test_each_cli_section_names_every_option_of_its_command() -> None:
     sections = cli_sections()
     for name, command in commands(main).items():
@@ -149,6 +224,40 @@ def test_each_cli_section_names_every_option_of_its_command() -> None:
             if isinstance(param, click.Option):
                 flag = max(param.opts, key=len)
                 assert f"`{flag}" in sections[name], f"{name} {flag}"
+
+
+# --- docs/operations.md and infra/deploy --------------------------------------------
+
+DEPLOY = ROOT / "infra" / "deploy"
+SETTINGS_FILE = "/etc/taskward/env"
+
+
+def test_the_operations_page_names_exactly_the_systemd_units_of_infra_deploy() -> None:
+    named = set(re.findall(r"taskward[a-z-]*\.(?:service|timer)",
+                           (DOCS / "operations.md").read_text()))
+    shipped = {unit.name for unit in DEPLOY.iterdir() if unit.suffix in (".service", ".timer")}
+    assert named == shipped
+
+
+def test_each_deployment_shape_names_shipped_examples_that_run_its_commands() -> None:
+    section = (DOCS / "operations.md").read_text().split("\n## Deployment\n", 1)[1]
+    rows = table_rows(section.split("\n## ", 1)[0])[2:]  # past the header and rule rows
+    assert rows
+    for _shape, _store, runs, example in rows:
+        paths = re.findall(r"`infra/deploy/([^`]+)`", example)
+        assert paths, example
+        for name in paths:
+            assert (DEPLOY / name).is_file(), name
+            started = re.findall(r"^ExecStart=\S*taskward (\S+)", (DEPLOY / name).read_text(),
+                                 flags=re.MULTILINE)
+            assert all(f"`taskward {command}" in runs for command in started), (name, runs)
+
+
+def test_every_systemd_unit_reads_the_settings_file_the_operations_page_names() -> None:
+    assert f"`{SETTINGS_FILE}`" in (DOCS / "operations.md").read_text()
+    for unit in DEPLOY.glob("*.service"):
+        assert re.search(rf"^EnvironmentFile=-?{SETTINGS_FILE}$", unit.read_text(),
+                         flags=re.MULTILINE), unit.name
 
 
 # --- pointers -----------------------------------------------------------------------
