@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import Connection, select, text
 from sqlalchemy.exc import OperationalError
 
 from core.errors import InvalidInput
@@ -24,6 +24,7 @@ from handlers import arrivals as arrivals_module
 from handlers import enqueuing
 from handlers.arrivals import Arrivals
 from handlers.enqueuing import Enqueuer
+from tests.scheduler.processes import wait_until
 
 
 def new(model: str, **fields: Any) -> NewTask:
@@ -290,6 +291,16 @@ def test_one_batch_is_in_flight_unless_it_stalls(
     assert len(looks) == 1  # one timer for the burst, not one per request
 
 
+def _other_backends(conn: Connection) -> int:
+    """Backends of this database but `conn`'s, counted afresh: a transaction keeps the
+    statistics it first read, so each count ends its own."""
+    count = int(conn.execute(text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid()")).scalar_one())
+    conn.commit()
+    return count
+
+
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("seen_before_use", [True, False], ids=["ended-idle", "lost-after-check"])
 def test_a_lost_loop_connection_fails_no_request_and_is_replaced(
@@ -318,6 +329,10 @@ def test_a_lost_loop_connection_fails_no_request_and_is_replaced(
                                "WHERE datname = current_database() "
                                "AND pid <> pg_backend_pid()"))
             other.commit()
+            # Ended means gone: the call only signals the backends, and on a busy
+            # machine the look came before their connections had closed.
+            wait_until(lambda: _other_backends(other) == 0, timeout=10,
+                       what="the terminated backends to exit")
         answers = [await enqueuer.enqueue(new(model_id), None) for _ in range(3)]
         await enqueuer.close()
         return answers
