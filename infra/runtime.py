@@ -33,7 +33,7 @@ from core.store.clients import first_start_admin_code
 from core.store.connect import open_database
 from core.store.database import Database
 from core.store.models import list_models
-from core.store.recovery import recover
+from core.store.recovery import SweepersAlive, recover
 from infra.app import serving_app
 from infra.migrate import upgrade
 from infra.server import serve
@@ -48,7 +48,7 @@ class Prepared:
     """What start-up did, for the console."""
 
     revision: str
-    recovered: dict[str, int]
+    recovered: dict[str, int] | None  # None: skipped, another sweeper lives on the store
     default_model: str | None = None
     admin_code: str | None = None
 
@@ -58,12 +58,23 @@ def prepare(settings: Settings) -> Prepared:
     db = open_database(settings)
     try:
         revision = upgrade(db.engine)
-        recovered = recover(db, node_id=db.recovery_scope(settings.node_id))
+        recovered = _recovered(db, settings)
         default_model = _register_default_model(db, settings)
         admin_code = first_start_admin_code(db, settings)
     finally:
         db.dispose()
     return Prepared(revision, recovered, default_model, admin_code)
+
+
+def _recovered(db: Database, settings: Settings) -> dict[str, int] | None:
+    """The cold start's counts, or None when a sweeper lives on this SQLite store:
+    its running tasks are not leftovers, and a crashed process's come back anyway when
+    their leases expire. Refusing to start there would leave `run` down beside a
+    sweeper or a cron `sweep` pass for nothing (`taskward recover` itself refuses)."""
+    try:
+        return recover(db, node_id=db.recovery_scope(settings.node_id))
+    except SweepersAlive:
+        return None
 
 
 def _register_default_model(db: Database, settings: Settings) -> str | None:

@@ -130,10 +130,13 @@ def run(host: str, port: int) -> None:
         from infra.runtime import prepare, serve_all_in_one
     settings = _worker_settings()
     ensure_free(host, port)  # before the store is touched: a refused `run` leaves no trace
-    with domain_errors(), _refused_while_sweeping():
+    with domain_errors():
         prepared = prepare(settings)
-    click.echo(f"schema at {prepared.revision}; recovered: "
-               + ", ".join(f"{k} {v}" for k, v in prepared.recovered.items()))
+    click.echo(f"schema at {prepared.revision}; " + (
+        "recovery skipped: a sweeper is running on this store (its tasks are not "
+        "leftovers; a crashed process's come back as their leases expire)"
+        if prepared.recovered is None else
+        "recovered: " + ", ".join(f"{k} {v}" for k, v in prepared.recovered.items())))
     if prepared.default_model:
         click.echo(f"registered the default model {prepared.default_model}")
     if prepared.admin_code:
