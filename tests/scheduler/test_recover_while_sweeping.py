@@ -85,9 +85,9 @@ def test_run_beside_a_live_sweeper_skips_its_recovery_and_leaves_its_tasks_alone
     wait_until(lambda: "serving on" in children.log_of(1), timeout=60, what="run up")
     assert "recovery skipped: a sweeper is running on this store" in children.log_of(1)
     assert {task_row(db, t).status for t in ids.values()} == {Status.RUNNING}
+    wait_until(lambda: all(task_row(db, t).status == Status.COMPLETED for t in ids.values()),
+               timeout=60, what="the sweeper's tasks finished")
     for task_id in ids.values():
-        wait_until(lambda t=task_id: task_row(db, t).status == Status.COMPLETED, timeout=60,
-                   what="the sweeper's task finished")
         assert task_row(db, task_id).attempts == 1
         assert output_text(db, task_id) == expected_text(WORDS)
 
