@@ -17,14 +17,12 @@ compares) as one already answered. Only then is its body read here, and the stor
 
 Tokens are checked through the process's `TokenCache`: a revocation is honoured at
 once by the process that made it and within `poll_interval_ms` by every other. A long
-answer asks again: a stream through `token_still_valid`, a wait (`handlers.waits`)
-through `recheck_caller`, which finds the request it serves in this task's context.
+answer, a stream or a wait (`handlers.waits`), asks again through `token_still_valid`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from typing import Any
 
 from litestar import Request
@@ -48,8 +46,6 @@ _PUBLIC = "public"
 _SCOPE = "scope"
 PUBLIC_ROUTE: dict[str, Any] = {_PUBLIC: True}
 _MAX_TOKEN_LENGTH = 512
-# The request this task serves, once authenticated: a wait asks again for its caller.
-_SERVED: ContextVar[ASGIConnection[Any, Any, Any, Any]] = ContextVar("taskward_served")
 
 
 def requires(scope: str) -> dict[str, Any]:
@@ -74,7 +70,6 @@ class BearerAuthentication(ASGIMiddleware):
                      next_app: ASGIApp) -> None:
         connection: ASGIConnection[Any, Any, Any, Any] = ASGIConnection(scope, receive)
         scope["user"] = await _admitted(connection)
-        _SERVED.set(connection)
         await next_app(scope, receive, send)
 
 
@@ -103,7 +98,7 @@ async def _caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Client:
 
 
 def token_still_valid(request: ClientRequest) -> Callable[[], Awaitable[bool]]:
-    """Asks, later in a long answer (a stream), whether the caller's token still holds:
+    """Asks, later in a long answer (a stream, a wait), whether the caller's token still holds:
     a revocation must end what the revoked client is still receiving."""
     console_check = session_still_valid(request)
     if console_check is not None:
@@ -121,13 +116,10 @@ def token_still_valid(request: ClientRequest) -> Callable[[], Awaitable[bool]]:
     return still_valid
 
 
-async def recheck_caller() -> None:
-    """Authenticate again the request this task serves, later in its long answer (a
-    wait): `Unauthorized`, the 401 a new request would get, once its token or console
-    session no longer holds. As cheap as a stream's check: the same token cache."""
-    connection = _SERVED.get(None)
-    if connection is not None:
-        await _caller(connection)
+def revoked() -> Unauthorized:
+    """The 401 of a token that does not hold (unknown or revoked), as every request of
+    it gets: also what a wait answers once its client is revoked."""
+    return Unauthorized("invalid_token", "the bearer token is unknown or revoked")
 
 
 async def _repeats_an_answer(
@@ -156,7 +148,7 @@ def bearer_token(header: str | None) -> str:
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("missing_token", "send `Authorization: Bearer <token>`")
     if len(token) > _MAX_TOKEN_LENGTH:
-        raise Unauthorized("invalid_token", "the bearer token is unknown or revoked")
+        raise revoked()
     return token
 
 

@@ -112,7 +112,7 @@ async def create_response(
                                   token_still_valid(request), held=held, born=outcome.born,
                                   headers=replayed)
     try:
-        task = await until_left(request.receive, settled(
+        task = await until_left(request.receive, token_still_valid(request), settled(
             db, services.tail, outcome.task_id, client.id, settings.sync_timeout_seconds,
             read=get_response))
     finally:

@@ -51,8 +51,8 @@ async def task_show(
                                      description="seconds to wait for the task to finish")] = 0,
 ) -> dict[str, Any]:
     """The task; with `?wait=S` the answer waits until it is finished or S seconds pass."""
-    return task_object(await held_wait(services, request.user, request.receive, task_id,
-                                       request.user.owner_filter, wait))
+    return task_object(await held_wait(services, request, task_id, request.user.owner_filter,
+                                       wait))
 
 
 @post("/v1/tasks/{task_id:str}/cancel", opt=requires("tasks:cancel"), tags=["tasks"])
