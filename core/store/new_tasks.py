@@ -320,15 +320,12 @@ def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
     failed one stays as it was); the new task's row, as `task_in` reads it.
 
     Asked again while that retry is still active (a double-click, a command run twice,
-    two at the same instant: the store's `ux_tasks_retry` decides), it answers the
-    active retry's row and makes nothing."""
+    two at the same instant), it answers the active retry's row and makes nothing: the
+    store's `ux_tasks_retry` refuses the second insert, so only a refused one asks."""
     with db.write() as conn:
         old = response_in(conn, task_id, None)  # it holds the request to repeat
         if old.status != Status.FAILED:
             raise Conflict("task_not_failed", "only a failed task can be retried")
-        earlier = _active_retry(conn, old.id)
-        if earlier is not None:
-            return task_in(conn, earlier, None)
         created = insert_task(db, conn, NewTask(
             client_id=old.client_id, model=old.model, request_json=old.request_json,
             on_restart=OnRestart(old.on_restart), max_attempts=max_attempts,
@@ -337,7 +334,7 @@ def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
         ), db.clock.now_ms())
         if created is not None:
             return task_in(conn, created.id, None)
-        earlier = _active_retry(conn, old.id)  # one made at the same instant
+        earlier = _active_retry(conn, old.id)  # refused by it, or by the dedupe key
         if earlier is None:
             raise Conflict("dedupe_conflict", "an active task already holds this dedupe key")
         return task_in(conn, earlier, None)
