@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -169,9 +169,15 @@ SETTING_NAMES = frozenset(setting.name for setting in fields(Settings))
 
 
 def _whole_number_settings() -> frozenset[str]:
-    hints = get_type_hints(Settings, include_extras=True)
-    return frozenset(name for name, hint in hints.items()
-                     if (get_args(hint)[0] if get_origin(hint) is Annotated else hint) is int)
+    """The settings whose value is an integer, told by their defaults: asking the type
+    hints instead evaluated every annotation, 0.56 ms of every process's start-up
+    (`tests/test_settings.py` checks that the two agree)."""
+    def default(setting: Field[Any]) -> object:
+        if setting.default_factory is not MISSING:
+            return setting.default_factory()
+        return setting.default
+    return frozenset(setting.name for setting in fields(Settings)
+                     if type(default(setting)) is int)
 
 
 # msgspec's lax conversion reads a text `1e1` or `2.0` as the integer it equals, where

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import get_args, get_type_hints
+from typing import Annotated, get_args, get_origin, get_type_hints
 
 import pytest
 from msgspec import Meta
 
-from core.settings import TEN_YEARS_HOURS, YEAR_SECONDS, Settings, SettingsError, load_settings
+from core.settings import (
+    _WHOLE_NUMBER_SETTINGS,
+    TEN_YEARS_HOURS,
+    YEAR_SECONDS,
+    Settings,
+    SettingsError,
+    load_settings,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +76,15 @@ def test_a_whole_number_is_written_in_digits(
         load_settings()
     monkeypatch.setenv("TASKWARD_ENGINE_THREADS", "2")
     assert load_settings().engine_threads == 2
+
+
+def test_the_whole_number_settings_are_those_typed_int() -> None:
+    """They are told by their defaults, at no start-up cost: an int-typed setting with
+    a float default (or the reverse) would escape the digits-only rule."""
+    hints = get_type_hints(Settings, include_extras=True)
+    typed_int = {name for name, hint in hints.items()
+                 if (get_args(hint)[0] if get_origin(hint) is Annotated else hint) is int}
+    assert _WHOLE_NUMBER_SETTINGS == typed_int and "engine_threads" in typed_int
 
 
 def test_heartbeat_must_be_shorter_than_the_lease(monkeypatch: pytest.MonkeyPatch) -> None:
