@@ -65,6 +65,8 @@ class Database:
         self._listeners: dict[str, list[Callable[[Any], None]]] = {}
         self.held_here = HeldTasks()  # tasks this process's workers hold (`held`)
         self._writers = _WriterQueue(self.beside("writer-lock"))
+        self._readers = engine if self.is_sqlite else engine.execution_options(
+            isolation_level="REPEATABLE READ")
         if self.is_sqlite:
             _take_over_sqlite_transactions(engine)
 
@@ -115,8 +117,15 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        """A read-only transaction (a consistent snapshot on both stores)."""
-        with self.engine.connect() as conn:
+        """A read-only transaction: one snapshot for all its statements on both stores.
+
+        SQLite's read transaction is one snapshot by nature. PostgreSQL's default, READ
+        COMMITTED, takes a new snapshot per statement: a task read before a completion
+        committed and its events read after it gave a `response.completed` whose
+        response object lacked the last text and usage. Its reads are REPEATABLE READ
+        (set on the driver's connection, sent with the BEGIN: no round trip of its own),
+        which a transaction that only reads can never fail to serialise."""
+        with self._readers.connect() as conn:
             with conn.begin():
                 yield conn
 

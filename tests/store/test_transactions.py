@@ -1,4 +1,5 @@
-"""SQLite transactions as `Database` begins them: a write's `BEGIN IMMEDIATE` through
+"""Transactions as `Database` begins them: a read is one snapshot on both stores (on
+PostgreSQL by asking for REPEATABLE READ); on SQLite a write's `BEGIN IMMEDIATE` through
 SQLAlchemy, a read's `BEGIN` on the driver itself (no lock to wait for, and a third of
 a read transaction's CPU saved), which still starts a real transaction and fails as
 SQLAlchemy's errors do."""
@@ -12,8 +13,6 @@ from sqlalchemy.exc import OperationalError
 from core.store.database import Database
 from core.tables import tasks
 from tests.store.helpers import new_task
-
-pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
 def test_a_read_sees_one_snapshot_while_another_connection_commits(
@@ -30,6 +29,7 @@ def test_a_read_sees_one_snapshot_while_another_connection_commits(
     assert (before, during, after) == (1, 1, 2)
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_read_whose_begin_fails_raises_sqlalchemys_error(db: Database) -> None:
     with db.engine.connect() as conn:
         conn.connection.driver_connection.execute("BEGIN")  # type: ignore[union-attr]
