@@ -101,12 +101,20 @@ def complete_due(db: Database, text: str = "w0 w1 w2 ") -> list[str]:
     return [claim.task_id for claim in taken]
 
 
+_COMPLETE_SOON_WITHIN = 30.0
+
 
 def complete_soon(db: Database, after: float = 0.3) -> threading.Thread:
-    """A worker that completes every due task `after` seconds from now."""
+    """A worker that, from `after` seconds from now, completes the due tasks once there
+    are any: on a loaded machine the request that creates the task can come later than
+    that, and a worker that found nothing then left the request waiting forever. It
+    gives up after `_COMPLETE_SOON_WITHIN` seconds, so that its thread does not outlive
+    a test whose request created no task."""
     def work() -> None:
         time.sleep(after)
-        complete_due(db)
+        deadline = time.monotonic() + _COMPLETE_SOON_WITHIN
+        while not complete_due(db) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     worker = threading.Thread(target=work)
     worker.start()
