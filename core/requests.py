@@ -7,6 +7,7 @@ the prompt back in an error message.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -26,6 +27,7 @@ PrintableAscii = Annotated[
     str, StringConstraints(min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$")
 ]
 MAX_TEXT = 200_000
+_FULL_DATE_FIRST = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _ANSWER_ONLY = {"run_at"}
 
 
@@ -82,9 +84,14 @@ class ResponseRequest(StrictBody):
 
     @field_validator("run_at", mode="before")
     @classmethod
-    def _a_string(cls, value: object) -> object:
-        if value is not None and not isinstance(value, str | datetime):
-            raise ValueError("must be an RFC 3339 string")  # not a number of seconds
+    def _a_date_first(cls, value: object) -> object:
+        """pydantic's lax datetime takes a number, or a string of digits (`"0"`,
+        `"4102444800000"`), as Unix seconds or milliseconds; an RFC 3339 time starts
+        with its full date, which no number does."""
+        if value is None or isinstance(value, datetime):
+            return value
+        if not isinstance(value, str) or not _FULL_DATE_FIRST.match(value):
+            raise ValueError("must be an RFC 3339 time with an offset")
         return value
 
     @field_validator("run_at")

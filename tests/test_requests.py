@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from core.errors import InvalidInput
 from core.requests import ResponseRequest, new_task
@@ -59,3 +60,11 @@ def test_a_past_run_at_is_dropped_when_the_api_gives_now() -> None:
 def test_a_past_run_at_is_kept_without_now_as_a_schedule_slot_is() -> None:
     past = body(run_at="2024-02-29T22:59:59Z")
     assert new_task(past, client_id="c", settings=SETTINGS).run_at == 1_709_247_599_000
+
+
+@pytest.mark.parametrize("digits", ["4102444800", "4102444800000", "0", "-1", "4102444800.5",
+                                    "2032"])
+def test_a_run_at_written_as_a_number_is_refused(digits: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        body(run_at=digits)
+    assert [error["loc"] for error in refused.value.errors()] == [("run_at",)]
