@@ -38,6 +38,22 @@ def parse_key(header: str) -> str:
 
 
 def request_digest(method: str, path: str, body: Any) -> str:
-    """SHA-256 over method, path and the canonical JSON of the body."""
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """SHA-256 over method, path and the canonical JSON of the body.
+
+    Equal numbers are one value however they are written (`1`, `1.0`, `1e0`), so a
+    retry that spells one differently still replays. A body without an integral float
+    keeps the digest it always had, so stored keys replay across an upgrade."""
+    canonical = json.dumps(_integral_floats_as_ints(body), sort_keys=True,
+                           separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(f"{method.upper()}\n{path}\n{canonical}".encode()).hexdigest()
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    """`value` with every float that holds a whole number (`1.0`, `-0.0`) made an int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _integral_floats_as_ints(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_integral_floats_as_ints(item) for item in value]
+    return value
