@@ -1,9 +1,9 @@
 """Schema migrations (Alembic) and the start-up schema check.
 
-`upgrade` brings a database to head; on PostgreSQL it holds an advisory lock so that
-processes starting together do not race. `check_schema` refuses a database whose
-revision this code does not know — a newer taskward wrote it — or that is behind head,
-with a message that tells the operator what to run.
+`upgrade` brings a database to head in one write transaction, so that processes
+starting together, and writers still running beside it, do not race it. `check_schema`
+refuses a database whose revision this code does not know — a newer taskward wrote it —
+or that is behind head, with a message that tells the operator what to run.
 """
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy.exc import DBAPIError
 
 from core.errors import SchemaMismatch
+from core.store.database import Database
+from core.store.outage import is_store_outage
+from core.tables import metadata
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -24,6 +28,7 @@ _MIGRATIONS = Path(__file__).with_name("migrations")
 _ADVISORY_LOCK_KEY = 0x7461736B77617264 & 0x7FFFFFFFFFFFFFFF  # "taskward"
 _REVISION = re.compile(r"^revision\s*=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
 _DOWN_REVISION = re.compile(r"^down_revision\s*=\s*(?:['\"]([^'\"]+)['\"]|None)", re.MULTILINE)
+_SQLITE_ERROR = 1  # SQLite's primary result code for a fault of the statement itself
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -65,23 +70,78 @@ def current_revision(connection: Connection) -> str | None:
 
 
 def upgrade(engine: Engine) -> str:
-    """Migrate to head (a no-op at head); refuses a revision it does not know."""
-    with engine.connect() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _ADVISORY_LOCK_KEY})
-            connection.commit()
-        try:
-            _refuse_unknown(current_revision(connection))
+    """Migrate to head (a no-op at head); refuses a revision it does not know, and
+    tables of taskward's names without a revision.
+
+    All of it is one write transaction (`Database.write`). On SQLite that begins with
+    `BEGIN IMMEDIATE`: it waits up to the busy timeout for the write lock, then holds
+    it to the end. Begun as a read (the revision), the first DDL had to upgrade a read
+    snapshot to a writer, which SQLite refuses at once ("database is locked") when any
+    other writer committed in between: while anything else wrote, and for all but one
+    of several migrates of a new file. On PostgreSQL a transaction-level advisory lock
+    makes processes starting together take turns; it ends with the transaction, however
+    that ends, where an unlock after a failed migration met the aborted transaction
+    and its error hid the migration's.
+
+    A migration that fails leaves the schema where it was (the transaction rolls back)
+    and raises `SchemaMismatch`, `schema_behind` (the schema stays behind head), naming
+    the driver's error; a store outage (unreachable, locked, read-only) is raised as it
+    is, for the caller to tell as such."""
+    start: str | None = None
+    try:
+        with Database(engine).write() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_advisory_xact_lock(:k)"),
+                                   {"k": _ADVISORY_LOCK_KEY})
+            start = current_revision(connection)
+            _refuse_unknown(start)
+            if start is None:
+                _refuse_foreign_tables(connection)
             from alembic import command
 
             command.upgrade(alembic_config(connection), "head")
-            connection.commit()
-        finally:
-            if connection.dialect.name == "postgresql":
-                connection.execute(text("SELECT pg_advisory_unlock(:k)"),
-                                   {"k": _ADVISORY_LOCK_KEY})
-                connection.commit()
+    except DBAPIError as exc:
+        if not _failed_migration(exc):
+            raise
+        raise _migration_failed(exc, start) from exc
     return head_revision()
+
+
+def _failed_migration(exc: DBAPIError) -> bool:
+    """Whether `exc` is a migration's own failure rather than a store outage. SQLite
+    raises a statement's fault (a table or index that is there already, a column that
+    is missing) as `OperationalError`, as it does a locked or read-only file: its
+    primary result code tells them apart."""
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    return not is_store_outage(exc) or (code is not None and code & 0xFF == _SQLITE_ERROR)
+
+
+def _migration_failed(exc: DBAPIError, start: str | None) -> SchemaMismatch:
+    cause = exc.orig or exc
+    said = next(iter(str(cause).strip().splitlines()), "")
+    at = start or "nothing"
+    return SchemaMismatch(
+        "schema_behind",
+        f"migrating the schema from {at} to {head_revision()} failed "
+        f"({type(cause).__name__}: {said}); nothing was changed, the schema is still at "
+        f"{at}: run the version that wrote it (or restore the backup taken before the "
+        "upgrade) and report this line",
+    )
+
+
+def _refuse_foreign_tables(connection: Connection) -> None:
+    """A database without a revision that has tables of taskward's names is not one to
+    migrate: another application's, or a store that lost its revision. Its first
+    CREATE TABLE would fail, and the failure would read like one a retry could mend."""
+    found = sorted(set(inspect(connection).get_table_names()) & set(metadata.tables))
+    if found:
+        raise SchemaMismatch(
+            "schema_unknown",
+            f"the database has tables of taskward's names ({', '.join(found[:3])}"
+            f"{', …' if len(found) > 3 else ''}) but no schema revision: not a taskward "
+            "store, or one without its revision; refusing to touch it — point "
+            "TASKWARD_DATABASE_URL at an empty database or a taskward store",
+        )
 
 
 def check_schema(engine: Engine) -> None:
