@@ -59,8 +59,10 @@ def _owner_only(database: Path) -> None:
 
     Prompts and outputs live in these files. SQLite gives `-wal` and `-shm` the mode
     of the database file, so they follow. An existing store is narrowed too (one made
-    by an older version was 0644); an existing directory is the operator's and is
-    left as it is, unless this call created it. Only a store is narrowed: whatever
+    by an older version was 0644): its group and other permissions are cleared and none
+    is added, so a store the operator made read-only (a restored backup kept 0444)
+    stays read-only, 0400. An existing directory is the operator's and is left as it
+    is, unless this call created it. Only a store is narrowed: whatever
     else the URL names (`/dev/null`, a model file, a directory) is refused untouched,
     where a chmod before SQLite's own check had made it 0600, as root too.
     """
@@ -75,8 +77,9 @@ def _owner_only(database: Path) -> None:
         raise SettingsError(_cannot_use(database, exc)) from None
     for path in (database, *(database.with_name(database.name + s) for s in ("-wal", "-shm"))):
         try:
-            if stat.S_ISREG(path.stat().st_mode):
-                path.chmod(0o600)
+            mode = path.stat().st_mode
+            if stat.S_ISREG(mode) and mode & 0o077:
+                path.chmod(stat.S_IMODE(mode) & 0o700)
         except FileNotFoundError:
             continue
         except PermissionError:  # another user's file: theirs to narrow
