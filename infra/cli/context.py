@@ -28,10 +28,8 @@ def database(settings: Settings, *, check: bool = True) -> Iterator[Database]:
     db = open_database(settings)
     try:
         if check:
-            try:
+            with domain_errors():
                 check_schema(db.engine)
-            except DomainError as exc:
-                raise click.ClickException(exc.message) from None
         yield db
     finally:
         db.dispose()
