@@ -13,14 +13,19 @@ written in chunks, each chunk ONE transaction that:
 4. records each slot in the unique ledger with `INSERT … ON CONFLICT DO NOTHING`, so a
    slot fired before (whatever the checkpoint now says) creates nothing;
 5. creates the tasks of the newly recorded slots through one `insert_tasks`, each due
-   at its slot (its `run_at`, in the past by now: due at once).
+   at its slot (its `run_at`, in the past by now: due at once). Each slot's task is made
+   from the stored request on its own, so slots fired together (after downtime, or
+   after waiting on the owner's quota) each draw their own seed, unless the request
+   fixes one.
 
 Claim, ledger and tasks commit or vanish together: a crash between steps leaves the
 schedule exactly as it was, and the next pass fires the slot once. The ledger keeps a
 schedule's slots for the retention period (as long as their tasks may be kept), pruned
 through its primary key as the schedule fires, so it stays bounded. A schedule whose
 stored request no longer decodes, or whose model is gone, has its slots consumed
-without tasks and a warning logged; it never blocks the others.
+without tasks and a warning logged; it never blocks the others. A slot whose request's
+`dedupe_key` an active task of the owner holds makes no task either (it is passed, not
+kept for later), logged at info level: that is what a dedupe key asks for.
 
 A client's `max_active_tasks` holds for its schedules as for its requests: a slot that
 would take the client over it waits. Its schedule's checkpoint stays before it, and the
@@ -40,7 +45,7 @@ Clients are never un-revoked, so nothing is lost by consuming rather than keepin
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
@@ -103,8 +108,8 @@ class _Plan:
     due_at: int  # `next_slot_at` as read
     checkpoint_to: int  # where the checkpoint moves: now, or before a slot that waits
     next_slot_at: int
-    slots: tuple[int, ...]  # to fire (or consume, without `task`)
-    task: NewTask | None  # None: consume the slots without tasks, for `problem`
+    slots: tuple[int, ...]  # to fire (or consume, without `tasks`)
+    tasks: tuple[NewTask, ...] | None  # one per slot, due at it; None: consume, for `problem`
     problem: str | None = None
     waiting: int = 0  # due slots left for a later look: the owner is at its quota
 
@@ -168,20 +173,22 @@ def _plan(row: Row[Any], calendar: _Calendar, known_models: set[str],
                "checkpoint_to": calendar.now}
     try:
         plan = _Plan(**as_read, next_slot_at=calendar.next_after_now(row.cron),
-                     slots=calendar.due(row), task=None)
+                     slots=calendar.due(row), tasks=None)
     except DomainError as exc:  # written by another version, or by hand
         log.error("schedule %s: stored cron or catch_up is unreadable (%s); "
                   "looking again in a day", row.id, exc.code)
         return _Plan(**as_read, next_slot_at=calendar.now + _UNREADABLE_RETRY_MS,
-                     slots=(), task=None, problem=exc.code)
+                     slots=(), tasks=None, problem=exc.code)
     try:
         request = ResponseRequest.model_validate_json(row.request_json)
     except ValidationError:
         return replace(plan, problem="invalid_request")
     if request.model not in known_models:
         return replace(plan, problem="model_not_found")
-    return replace(plan, task=new_task(request, client_id=row.client_id, settings=settings,
-                                       above_cap="clamp", schedule_id=row.id))
+    return replace(plan, tasks=tuple(
+        replace(new_task(request, client_id=row.client_id, settings=settings,
+                         above_cap="clamp", schedule_id=row.id), run_at=slot)
+        for slot in plan.slots))  # each its own `new_task`: each slot draws its own seed
 
 
 def _write_isolating_failures(
@@ -195,27 +202,28 @@ def _write_isolating_failures(
         if len(plans) > 1:
             results = [_write_isolating_failures(db, [plan], this_pass) for plan in plans]
             return sum(r[0] for r in results), sum(r[1] for r in results)
-        return _write(db, [replace(plans[0], task=None, problem=exc.code)], this_pass)
+        return _write(db, [replace(plans[0], tasks=None, problem=exc.code)], this_pass)
 
 
 def _write(db: Database, plans: Sequence[_Plan], this_pass: _Pass) -> tuple[int, int]:
     with db.write() as conn:
         owners = lock_as_planned(conn, plans)
-        taken = [replace(p, task=None, problem=_CLIENT_REVOKED) if owners[p.schedule_id] else p
+        taken = [replace(p, tasks=None, problem=_CLIENT_REVOKED) if owners[p.schedule_id] else p
                  for p in plans if p.schedule_id in owners]
-        rooms = _rooms(conn, {p.client_id: p.quota for p in taken if p.task and p.slots})
+        rooms = _rooms(conn, {p.client_id: p.quota for p in taken if p.tasks})
         planned = _within_quotas(taken, rooms, this_pass.next_look)
         claimed = claim_schedules(conn, planned)
         forget_slots(conn, claimed, before=this_pass.horizon)
         won = [p for p in planned if p.schedule_id in claimed]
         _log_unfired(won)
-        firing = {(p.schedule_id, s): p.task for p in won if p.task for s in p.slots}
+        firing = {(p.schedule_id, s): task for p in won if p.tasks
+                  for s, task in zip(p.slots, p.tasks, strict=True)}
         recorded = sorted(record_slots(conn, firing, this_pass.now))
-        created = insert_tasks(db, conn, [replace(firing[key], run_at=key[1])
-                                          for key in recorded], this_pass.now)
+        created = insert_tasks(db, conn, [firing[key] for key in recorded], this_pass.now)
         made = [(key, None if task is None else task.id)
                 for key, task in zip(recorded, created, strict=True)]
         attach_tasks(conn, made)
+        _log_deduped(key for key, task_id in made if task_id is None)
         if any(task_id for _, task_id in made):
             db.announce_work(conn)
     return len(won), sum(1 for _, task_id in made if task_id)
@@ -237,24 +245,34 @@ def _within_quotas(plans: Sequence[_Plan], rooms: dict[str, int], next_look: int
     left = dict(rooms)
     shared: dict[str, _Plan] = {}
     for plan in sorted(plans, key=lambda p: (p.checkpoint, p.schedule_id)):
-        if plan.task is None or plan.client_id not in left:
+        if plan.tasks is None or plan.client_id not in left:
             shared[plan.schedule_id] = plan
             continue
         fits = min(len(plan.slots), left[plan.client_id])
         left[plan.client_id] -= fits
         if fits < len(plan.slots):
             checkpoint_to = plan.slots[fits - 1] if fits else plan.checkpoint
-            plan = replace(plan, slots=plan.slots[:fits], checkpoint_to=checkpoint_to,
+            plan = replace(plan, slots=plan.slots[:fits], tasks=plan.tasks[:fits],
+                           checkpoint_to=checkpoint_to,
                            next_slot_at=next_look, waiting=len(plan.slots) - fits)
         shared[plan.schedule_id] = plan
     return [shared[p.schedule_id] for p in plans]
+
+
+def _log_deduped(slots: Iterable[tuple[str, int]]) -> None:
+    """An info line for each slot that made no task because an active task of its
+    owner holds the request's `dedupe_key`: meant (the previous run is still going),
+    but an operator asking why a slot made nothing finds the answer in the log."""
+    for schedule_id, slot in slots:
+        log.info("schedule %s: slot %s skipped, no task created: an active task holds "
+                 "its dedupe_key", schedule_id, iso(slot))
 
 
 def _log_unfired(won: Sequence[_Plan]) -> None:
     """A warning for slots consumed by a fault, a debug line for a revoked owner's, and
     one line when a schedule starts waiting for its owner's quota (not at every look)."""
     for plan in won:
-        if plan.task is None and plan.slots:
+        if plan.tasks is None and plan.slots:
             log.log(logging.DEBUG if plan.problem == _CLIENT_REVOKED else logging.WARNING,
                     "schedule %s: %d slot(s) skipped, no task created: %s",
                     plan.schedule_id, len(plan.slots), plan.problem)

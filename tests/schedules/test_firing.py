@@ -190,6 +190,19 @@ def test_an_active_task_holding_the_dedupe_key_makes_a_slot_pass_without_a_task(
     assert [slot for _, slot, _ in ledger(db)] == task_slots(db)
 
 
+def test_a_slot_passed_for_its_dedupe_key_is_logged(
+    db: Database, settings: Settings, model_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sid = create_at("2024-03-01T00:00:30Z", db, settings, model_id, "0 * * * *",
+                    dedupe_key="hourly-report")
+    fire_at("2024-03-01T01:00:30Z", db, settings)
+    with caplog.at_level(logging.INFO, logger="core.schedule_firing"):
+        assert fire_at("2024-03-01T02:00:30Z", db, settings) == 0
+    assert [record.getMessage() for record in caplog.records] == [
+        f"schedule {sid}: slot 2024-03-01T02:00:00.000Z skipped, no task created: "
+        "an active task holds its dedupe_key"]
+
+
 # --- editing and deleting -------------------------------------------------------------------
 
 def test_a_new_cron_starts_afresh_from_now_without_replaying_history(
