@@ -9,22 +9,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from pydantic import Field, ValidationError
 from sqlalchemy import Row
 
 from core.bodies import StrictBody, field_path
 from core.clock import iso
-from core.cron import parse_cron
+from core.cron import CronSpec, parse_cron
 from core.errors import InvalidInput
+from core.idempotency import IdempotencyClaim
 from core.requests import ResponseRequest
 from core.settings import Settings
 from core.store.database import Database
-from core.store.schedules import change_schedule, insert_schedule, schedules_page
+from core.store.idempotency_records import key_record, record_keys, stored_answer
+from core.store.schedules import add_schedule, change_schedule, insert_schedule, schedules_page
 
 MAX_CATCH_UP = 100
 MAX_PAGE = 100
+# What a client needs to own schedules: the scope of creating their tasks itself.
+SCOPE = "responses:create"
 
 
 class _ScheduleBody(StrictBody):
@@ -72,18 +78,79 @@ def _parse_request(body: Mapping[str, Any], settings: Settings) -> ResponseReque
     return request
 
 
-def create_schedule(
-    db: Database, settings: Settings, client_id: str, body: Mapping[str, Any]
-) -> Row[Any]:
-    """Validate and store a schedule owned by `client_id`; its first slot is after now."""
+@dataclass(frozen=True)
+class _Definition:
+    """A valid body, as the store keeps it."""
+
+    spec: CronSpec
+    model: str
+    request_json: str
+    catch_up: int
+
+
+class _KeyTaken(Exception):
+    """Another creation holds the Idempotency-Key: roll back, then answer from its record."""
+
+
+def _definition(body: Mapping[str, Any], settings: Settings) -> _Definition:
     try:
         parsed = _ScheduleBody.model_validate(dict(body))
     except ValidationError as exc:
         raise _validation_error(exc) from None
     spec = parse_cron(parsed.cron)
     request = _parse_request(parsed.request, settings)
-    return insert_schedule(db, client_id, spec, model=request.model,
-                           request_json=request.stored_json(), catch_up=parsed.catch_up)
+    return _Definition(spec, request.model, request.stored_json(), parsed.catch_up)
+
+
+def create_schedule(
+    db: Database, settings: Settings, client_id: str, body: Mapping[str, Any]
+) -> Row[Any]:
+    """Validate and store a schedule owned by `client_id`; its first slot is after now."""
+    new = _definition(body, settings)
+    return insert_schedule(db, client_id, new.spec, model=new.model,
+                           request_json=new.request_json, catch_up=new.catch_up)
+
+
+@dataclass(frozen=True)
+class Created:
+    """The answer to `POST /v1/schedules`, as it is sent: a replay is byte-identical."""
+
+    schedule_id: str
+    body: bytes
+    replayed: bool = False
+
+
+def create_schedule_once(
+    db: Database, settings: Settings, client_id: str, body: Mapping[str, Any],
+    idempotency: IdempotencyClaim | None,
+) -> Created:
+    """`create_schedule`, answered as `POST /v1/responses` answers under an
+    Idempotency-Key (docs/http-api.md#schedules): the answer is recorded in the
+    transaction that stores the schedule, so a retried create never doubles every
+    firing. The same key with the same request gets the recorded answer again (even
+    if its model has gone since), with another request `idempotency_key_reused`;
+    a refused creation records nothing."""
+    try:
+        new = _definition(body, settings)
+        with db.write() as conn:
+            now = db.clock.now_ms()
+            row = add_schedule(conn, now, client_id, new.spec, model=new.model,
+                               request_json=new.request_json, catch_up=new.catch_up)
+            answer = msgspec.json.encode(schedule_object(row))
+            if idempotency is not None and not record_keys(conn, [key_record(
+                    client_id, idempotency, row.id, 201, answer, now,
+                    int(settings.idempotency_ttl_hours * 3_600_000))]):
+                raise _KeyTaken
+            return Created(row.id, answer)
+    except (_KeyTaken, InvalidInput) as refusal:
+        if idempotency is None:
+            raise
+        stored = stored_answer(db, client_id, idempotency)
+        if stored is not None:
+            return Created(stored.created_id, stored.body, replayed=True)
+        if isinstance(refusal, _KeyTaken):  # the record had expired and is gone now
+            return create_schedule_once(db, settings, client_id, body, idempotency)
+        raise
 
 
 def update_schedule(

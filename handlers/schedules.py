@@ -2,7 +2,9 @@
 
 A client sees and changes only its own schedules (another client's id is 404); `admin`
 sees all. Bodies are validated by `core.schedules`, the same code the CLI goes
-through, so both refuse the same input with the same `code` and field name.
+through, so both refuse the same input with the same `code` and field name. A create
+takes an `Idempotency-Key` as `POST /v1/responses` does: a retry is answered, byte for
+byte, from the record of the first answer.
 """
 
 from __future__ import annotations
@@ -10,17 +12,24 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from litestar import Response, delete, get, patch, post
-from litestar.params import Body
+from litestar.params import Body, HeaderParameter
 
-from core.schedules import create_schedule, list_schedules, schedule_object, update_schedule
+from core.idempotency import IdempotencyClaim, parse_key, request_digest
+from core.schedules import (
+    SCOPE,
+    create_schedule_once,
+    list_schedules,
+    schedule_object,
+    update_schedule,
+)
 from core.store.schedules import delete_schedule, get_schedule
-from handlers.answers import page
+from handlers.answers import json_bytes, page
 from handlers.auth import ClientRequest, requires
 from handlers.params import Cursor, PageLimit, ScheduleId
 from handlers.services import Services
 from handlers.threads import blocking
 
-SCOPE = "responses:create"
+SCHEDULES_PATH = "/v1/schedules"
 NewScheduleBody = Annotated[dict[str, Any], Body(
     description='`{"cron": "30 7 * * 1-5", "request": <POST /v1/responses body without '
                 'run_at>, "catch_up": 1..100 (default 1)}`; cron is 5 fields, in UTC')]
@@ -28,17 +37,24 @@ ChangesBody = Annotated[dict[str, Any], Body(
     description='`{"cron"?, "catch_up"?}`; a new cron starts afresh from now')]
 
 
-@post("/v1/schedules", opt=requires(SCOPE), status_code=201, tags=["schedules"])
+@post(SCHEDULES_PATH, opt=requires(SCOPE), status_code=201, tags=["schedules"])
 async def schedule_create(
-    request: ClientRequest, data: NewScheduleBody, services: Services
-) -> Response[dict[str, Any]]:
-    """Create a schedule; its first slot is the first one after now."""
-    row = await blocking(create_schedule, services.db, services.settings, request.user.id, data)
-    return Response(schedule_object(row), status_code=201,
-                    headers={"Location": f"/v1/schedules/{row.id}"})
+    request: ClientRequest, data: NewScheduleBody, services: Services,
+    # No length bound here: `parse_key` refuses every bad key with one code.
+    idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key")] = None,
+) -> Response[Any]:
+    """Create a schedule; its first slot is the first one after now. A repeated
+    `Idempotency-Key` gets the first answer again (`Idempotent-Replayed: true`)."""
+    claim = None if idempotency_key is None else IdempotencyClaim(
+        parse_key(idempotency_key), request_digest("POST", SCHEDULES_PATH, data))
+    created = await blocking(create_schedule_once, services.db, services.settings,
+                             request.user.id, data, claim)
+    replayed = {"Idempotent-Replayed": "true"} if created.replayed else {}
+    return json_bytes(created.body, 201,
+                      {"Location": f"{SCHEDULES_PATH}/{created.schedule_id}", **replayed})
 
 
-@get("/v1/schedules", opt=requires(SCOPE), tags=["schedules"])
+@get(SCHEDULES_PATH, opt=requires(SCOPE), tags=["schedules"])
 async def schedules_list(
     request: ClientRequest, services: Services, limit: PageLimit = 20, after: Cursor = None
 ) -> dict[str, Any]:

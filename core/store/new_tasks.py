@@ -32,11 +32,11 @@ from core.store.births import (
     insert_tasks,
     task_rows,
 )
-from core.store.bulk import insert_rows
 from core.store.database import Database
+from core.store.idempotency_records import key_record, record_keys, stored_answer
 from core.store.pg_async import AutocommitConnections
 from core.store.tasks import current_response, response_in, task_in
-from core.tables import IS_ACTIVE, idempotency_keys, responses, task_events, tasks
+from core.tables import IS_ACTIVE, responses, task_events, tasks
 
 DEFAULT_IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000  # `TASKWARD_IDEMPOTENCY_TTL_HOURS`' default
 
@@ -106,15 +106,17 @@ def enqueue(
             if created is None:
                 raise _DedupeHit
             body = _json_bytes(response_object(created, None))
-            if idempotency is not None and not _record_keys(conn, [_key_record(
-                    new, idempotency, created.id, body, now, idempotency_ttl_ms)]):
+            if idempotency is not None and not record_keys(conn, [key_record(
+                    new.client_id, idempotency, created.id, 202, body, now,
+                    idempotency_ttl_ms)]):
                 raise _KeyTaken
             return Enqueued(created.id, 202, body, born=created)
     except (_KeyTaken, _DedupeHit, _OverQuota, InvalidInput) as refusal:
         if idempotency is not None:
-            stored = _stored_answer(db, new.client_id, idempotency)
+            stored = stored_answer(db, new.client_id, idempotency)
             if stored is not None:
-                return stored
+                return Enqueued(stored.created_id, stored.status_code, stored.body,
+                                replayed=True)
             if isinstance(refusal, _KeyTaken):  # the record had expired and is gone now
                 return enqueue(db, new, idempotency=idempotency,
                                idempotency_ttl_ms=idempotency_ttl_ms)
@@ -204,7 +206,7 @@ def _alone(
     rows = task_rows([new for new, _ in batch], now)
     answers = [Enqueued(task.id, 202, _json_bytes(response_object(task, None)), born=task)
                for task in as_born(rows)]
-    records = [_key_record(new, claim, answer.task_id, answer.body, now, ttl_ms)
+    records = [key_record(new.client_id, claim, answer.task_id, 202, answer.body, now, ttl_ms)
                for (new, claim), answer in zip(batch, answers) if claim is not None]
     return now, rows, answers, records
 
@@ -226,12 +228,12 @@ def _insert_batch(
     created = [next(inserted) if ok else None for ok in admitted]
     bodies = [_json_bytes(response_object(row, None)) if row else b"" for row in created]
     records = sorted(  # one lock order for every batch: no deadlock between two of them
-        (_key_record(new, claim, row.id, body, now, ttl_ms)
+        (key_record(new.client_id, claim, row.id, 202, body, now, ttl_ms)
          for (new, claim), row, body in zip(batch, created, bodies)
          if row is not None and claim is not None),
         key=lambda record: (record["client_id"], record["key"]),
     )
-    recorded = _record_keys(conn, records)
+    recorded = record_keys(conn, records)
     unrecorded = {record["task_id"] for record in records} - recorded
     if unrecorded:  # their key was taken: the task must not exist either
         for table, column in ((task_events, task_events.c.task_id),
@@ -270,43 +272,6 @@ def dedupe_holder(db: Database, new: NewTask) -> Enqueued | None:
             return None
         return Enqueued(holder, 200, _json_bytes(current_response(conn, holder)),
                         dedupe_hit=True)
-
-
-def _key_record(
-    new: NewTask, claim: IdempotencyClaim, task_id: str, body: bytes, now: int, ttl_ms: int
-) -> dict[str, Any]:
-    return {"client_id": new.client_id, "key": claim.key, "request_digest": claim.digest,
-            "status_code": 202, "body": body.decode(), "task_id": task_id, "created_at": now,
-            "expires_at": now + ttl_ms}
-
-
-def _record_keys(conn: Connection, records: Sequence[dict[str, Any]]) -> set[str]:
-    """Store answers under their keys; the task ids whose key was not recorded before.
-
-    On PostgreSQL a concurrent holder of the same key makes this wait for its commit,
-    so exactly one of two racing requests creates a task.
-    """
-    return {row.task_id for row in insert_rows(conn, idempotency_keys, records,
-                                               skip_conflicts=True,
-                                               returning=[idempotency_keys.c.task_id])}
-
-
-def _stored_answer(db: Database, client_id: str, claim: IdempotencyClaim) -> Enqueued | None:
-    """The recorded answer for the key (deleting it when expired), or None."""
-    key_of = (idempotency_keys.c.client_id == client_id, idempotency_keys.c.key == claim.key)
-    with db.write() as conn:
-        stored = conn.execute(select(idempotency_keys).where(*key_of)).first()
-        if stored is None:
-            return None
-        if stored.expires_at <= db.clock.now_ms():
-            conn.execute(delete(idempotency_keys).where(*key_of))
-            return None
-    if stored.request_digest != claim.digest:
-        raise InvalidInput(
-            "idempotency_key_reused",
-            "this Idempotency-Key was already used with a different request",
-        )
-    return Enqueued(stored.task_id, stored.status_code, stored.body.encode(), replayed=True)
 
 
 def _json_bytes(value: Any) -> bytes:

@@ -11,6 +11,7 @@ fires a slot from before it existed or from its previous expression.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlalchemy import Connection, Row, delete, insert, select, update
@@ -40,15 +41,24 @@ def insert_schedule(
 ) -> Row[Any]:
     """Store a schedule of `model` (which must be registered); its first slot is after now."""
     with db.write() as conn:
-        _require_model(conn, model)
-        now = db.clock.now_ms()
-        schedule_id = sortable_id("sched", now)
-        conn.execute(insert(schedules).values(
-            id=schedule_id, client_id=client_id, cron=spec.expr,
-            request_json=request_json, catch_up=catch_up, checkpoint=now,
-            next_slot_at=next_slot(spec, now), created_at=now, updated_at=now,
-        ))
-        return _schedule_in(conn, schedule_id, client_id)
+        return add_schedule(conn, db.clock.now_ms(), client_id, spec, model=model,
+                            request_json=request_json, catch_up=catch_up)
+
+
+def add_schedule(
+    conn: Connection, now: int, client_id: str, spec: CronSpec, *, model: str,
+    request_json: str, catch_up: int,
+) -> Row[Any]:
+    """`insert_schedule` in the caller's write transaction, `now` read in it: its first
+    slot is after `now`."""
+    _require_model(conn, model)
+    schedule_id = sortable_id("sched", now)
+    conn.execute(insert(schedules).values(
+        id=schedule_id, client_id=client_id, cron=spec.expr,
+        request_json=request_json, catch_up=catch_up, checkpoint=now,
+        next_slot_at=next_slot(spec, now), created_at=now, updated_at=now,
+    ))
+    return _schedule_in(conn, schedule_id, client_id)
 
 
 def change_schedule(
@@ -104,3 +114,20 @@ def schedules_page(
     query = select(schedules).where(*_visible(client_id))
     with db.read() as conn:
         return newest_first(conn, query, schedules.c.id, limit=limit, after=after)
+
+
+def schedules_of_model(db: Database, model_id: str) -> int:
+    """How many schedules' requests name `model_id`: what removing that model leaves
+    firing nothing (each slot is skipped with a warning, `core.schedule_firing`). The
+    model is read from the stored request, as firing reads it; a request that no longer
+    decodes names no model."""
+    with db.read() as conn:
+        stored = conn.execute(select(schedules.c.request_json)).scalars()
+        return sum(1 for request in stored if _model_of(request) == model_id)
+
+
+def _model_of(request_json: str) -> object:
+    try:
+        return json.loads(request_json).get("model")
+    except (ValueError, AttributeError):
+        return None
