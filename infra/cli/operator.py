@@ -40,6 +40,7 @@ from core.states import Status
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke, set_limits
 from core.store.models import list_models, remove
 from core.store.new_tasks import retry_failed
+from core.store.schedules import schedules_of_model
 from core.store.tasks import cancel, get_task, list_tasks
 from infra.cli.context import emit, store
 
@@ -217,10 +218,16 @@ def models_list(as_json: bool) -> None:
 @models.command("remove")
 @click.argument("model_id")
 def models_remove(model_id: str) -> None:
-    """Remove the entry; the file is kept."""
+    """Remove the entry; the file is kept. Schedules that still name the model are
+    told on standard error: each of their slots passes without a task from now on."""
     with store() as (_, db):
         remove(db, model_id)
+        orphaned = schedules_of_model(db, model_id)
     click.echo(f"removed {model_id}")
+    if orphaned:
+        click.echo(f"{orphaned} schedule(s) still name {model_id} and create no task until "
+                   "it is registered again or they are removed (`taskward schedules list`, "
+                   "`taskward schedules remove`)", err=True)
 
 
 @click.group()

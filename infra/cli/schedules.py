@@ -2,7 +2,8 @@
 
 The same core functions as `/v1/schedules`, so the CLI refuses exactly what the API
 refuses. An operator sees every client's schedules; a new one belongs to `--client`,
-by default the first admin client (the one `taskward pair --admin` made).
+by default the first admin client (the one `taskward pair --admin` made), and only to
+a client that may create schedules itself: its tasks are that client's to see and stop.
 """
 
 from __future__ import annotations
@@ -15,9 +16,17 @@ from typing import Any
 import click
 
 from core.bodies import decode_json
-from core.clients import ADMIN, client_object
+from core.clients import ADMIN, Client, scope_set
 from core.errors import DomainError
-from core.schedules import MAX_CATCH_UP, MAX_PAGE, create_schedule, list_schedules, schedule_object
+from core.ids import could_be_id
+from core.schedules import (
+    MAX_CATCH_UP,
+    MAX_PAGE,
+    SCOPE,
+    create_schedule,
+    list_schedules,
+    schedule_object,
+)
 from core.store.clients import list_clients
 from core.store.database import Database
 from core.store.schedules import delete_schedule
@@ -32,15 +41,27 @@ def schedules() -> None:
     """Recurring work: a request run on a cron expression (UTC)."""
 
 
+def _schedule_id(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """An id as the API's `after` takes it; anything else names no page."""
+    if value is not None and not could_be_id(value):
+        raise click.BadParameter("not a schedule id")
+    return value
+
+
 @schedules.command("list")
 @click.option("--client", "client_id", default=None, help="Only this client's schedules.")
 @click.option("--limit", default=MAX_PAGE, show_default=True, type=click.IntRange(1, MAX_PAGE))
+@click.option("--after", default=None, metavar="SCHEDULE_ID", callback=_schedule_id,
+              help="The page after this schedule (the one named by the previous page).")
 @_JSON
-def schedules_list(client_id: str | None, limit: int, as_json: bool) -> None:
-    """Newest first."""
+def schedules_list(client_id: str | None, limit: int, after: str | None, as_json: bool) -> None:
+    """Newest first. When more follow, the command for the next page goes to standard
+    error, so standard output stays the table or the one JSON document."""
     with store() as (_, db):
-        rows, _ = list_schedules(db, client_id, limit=limit)
+        rows, cursor = list_schedules(db, client_id, limit=limit, after=after)
     emit([schedule_object(row) for row in rows], as_json=as_json, columns=_COLUMNS)
+    if cursor is not None:
+        click.echo(f"next page: --after {cursor}", err=True)
 
 
 @schedules.command("add")
@@ -112,13 +133,20 @@ def _regular_file_head(path: Path, size: int, source: str) -> bytes:
 
 
 def _owner(db: Database, client_id: str | None) -> str:
-    """The active client the schedule will belong to (its tasks are that client's)."""
-    active = [client_object(row) for row in list_clients(db) if row.revoked_at is None]
+    """The active client the schedule will belong to (its tasks are that client's). It
+    must hold the scope `POST /v1/schedules` requires: a client without it could
+    neither see where its tasks come from nor stop them."""
+    active = [Client(row.id, row.name, scope_set(row.scopes))
+              for row in list_clients(db) if row.revoked_at is None]
     if client_id is not None:
-        if not any(client["id"] == client_id for client in active):
+        chosen = next((client for client in active if client.id == client_id), None)
+        if chosen is None:
             raise click.ClickException(f"no active client {client_id}: see `taskward clients list`")
+        if not chosen.allows(SCOPE):
+            raise click.ClickException(
+                f"client {client_id} lacks the {SCOPE} scope that owning schedules needs")
         return client_id
-    admins = [client["id"] for client in active if ADMIN in client["scopes"]]
+    admins = [client.id for client in active if ADMIN in client.scopes]
     if not admins:
         raise click.ClickException(
             "no admin client yet: run `taskward pair --admin`, or pass --client")

@@ -83,3 +83,45 @@ def test_add_without_an_admin_client_says_how_to_make_one(
 def test_remove_of_an_unknown_schedule_fails_cleanly(taskward: CliRunner) -> None:
     result = run(taskward, "remove", "sched_missing")
     assert result.exit_code == 1 and "schedule_not_found" in result.output
+
+
+def test_add_refuses_a_client_without_the_scope_its_schedules_need(
+    taskward: CliRunner, db: Database, model_id: str
+) -> None:
+    reader = create_client(db, name="reader", scopes=frozenset({"tasks:read", "tasks:cancel"}))
+    refused = add(taskward, model_id, "--client", reader.client_id)
+    assert refused.exit_code == 1
+    assert refused.stderr.strip().splitlines() == [
+        f"Error: client {reader.client_id} lacks the responses:create scope that owning "
+        "schedules needs"]
+    assert json.loads(run(taskward, "list", "--json").stdout) == []
+
+
+def test_add_takes_an_admin_client_as_owner_for_it_holds_every_scope(
+    taskward: CliRunner, db: Database, model_id: str
+) -> None:
+    admin = create_client(db, name="ops", scopes=frozenset({"admin"}))
+    added = add(taskward, model_id, "--client", admin.client_id, "--json")
+    assert added.exit_code == 0, added.output
+    assert json.loads(added.stdout)["client_id"] == admin.client_id
+
+
+def test_list_pages_with_after_and_names_the_next_page_on_stderr(
+    taskward: CliRunner, db: Database, model_id: str
+) -> None:
+    create_client(db, name="admin", scopes=frozenset({"admin"}))
+    made = [json.loads(add(taskward, model_id, "--json").stdout)["id"] for _ in range(3)]
+    first = run(taskward, "list", "--limit", "2", "--json")
+    assert [s["id"] for s in json.loads(first.stdout)] == made[:0:-1]
+    assert first.stderr == f"next page: --after {made[1]}\n"
+    second = run(taskward, "list", "--limit", "2", "--after", made[1], "--json")
+    assert [s["id"] for s in json.loads(second.stdout)] == [made[0]]
+    assert second.stderr == ""
+    table = run(taskward, "list", "--limit", "2")
+    assert made[2] in table.stdout and made[0] not in table.stdout
+    assert table.stderr == f"next page: --after {made[1]}\n"
+
+
+def test_list_refuses_an_after_that_is_no_id_as_a_usage_error(taskward: CliRunner) -> None:
+    refused = run(taskward, "list", "--after", "x\x00y")
+    assert refused.exit_code == 2 and "--after" in refused.stderr
