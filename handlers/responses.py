@@ -36,7 +36,7 @@ from handlers.auth import ClientRequest, requires, token_still_valid
 from handlers.live import settled
 from handlers.params import TaskId
 from handlers.services import Services
-from handlers.sse import LastEventId, event_stream, resume_point
+from handlers.sse import MAX_SEQ, LastEventId, event_stream, resume_point
 from handlers.threads import blocking, writing
 from handlers.waits import until_left
 
@@ -130,7 +130,7 @@ async def show_response(
     stream: Annotated[bool, Parameter(
         description="answer with the events as Server-Sent Events instead")] = False,
     starting_after: Annotated[int, Parameter(
-        ge=0, le=2**31,
+        ge=0, le=MAX_SEQ,
         description="with `stream`: only the events after this sequence number")] = 0,
     last_event_id: LastEventId = None,
 ) -> Response[Any] | Stream:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Annotated, Any
 
+from litestar.datastructures.headers import MediaTypeHeader
+from litestar.exceptions import ValidationException
 from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
@@ -47,16 +49,60 @@ KEEPALIVE = b": keepalive\n"
 STREAM_PAGE = 100
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-Seq = Annotated[int, Parameter(ge=0, le=2**31)]
-LastEventId = Annotated[int | None, HeaderParameter(
-    name="Last-Event-ID", ge=0, le=2**31,
-    description="the last event a reconnecting SSE client saw; resume after it")]
+# The largest resume point: the largest `seq` a log can hold (INTEGER on PostgreSQL).
+# One more is refused here, as on SQLite, rather than by PostgreSQL's driver.
+MAX_SEQ = 2**31 - 1
+Seq = Annotated[int, Parameter(ge=0, le=MAX_SEQ)]
+# Read as text: only a stream resumes from it (`resume_point`), so any other answer
+# ignores it, whatever it holds.
+LastEventId = Annotated[str | None, HeaderParameter(
+    name="Last-Event-ID",
+    description=f"the last event a reconnecting SSE client saw (0..{MAX_SEQ}); a stream "
+                "resumes after it, other answers ignore it")]
+EVENT_STREAM = "text/event-stream"
 
 
-def resume_point(after: int, last_event_id: int | None) -> int:
+def asks_for_event_stream(accept: str) -> bool:
+    """Whether an `Accept` header lists `text/event-stream` as acceptable: the type is
+    compared without regard to case and `q=0` refuses it (RFC 9110, 12.5.1); a wildcard
+    (`*/*`, `text/*`) does not ask for it, so JSON stays the default. Litestar parses
+    each media range; its `Accept` ranking is not used, as it fails on a `q` such as
+    `inf` and a choice between two answers needs no ranking."""
+    ranges = (MediaTypeHeader(media_range) for media_range in accept.split(","))
+    return any(f"{media.maintype}/{media.subtype}" == EVENT_STREAM
+               and _acceptable(media.params.get("q")) for media in ranges)
+
+
+def _acceptable(quality: str | None) -> bool:
+    """A `q` of zero refuses a media range; an unreadable one is ignored, as if absent."""
+    try:
+        return quality is None or not float(quality) <= 0
+    except ValueError:
+        return True
+
+
+def resume_point(after: int, last_event_id: str | None) -> int:
     """Where a stream starts: `Last-Event-ID` wins over the query, since a reconnecting
-    client repeats its first URL but reports how far it has read since."""
-    return after if last_event_id is None else last_event_id
+    client repeats its first URL but reports how far it has read since. A header that is
+    not a `seq` (digits, at most `MAX_SEQ`) is a 422 `validation_error` naming it."""
+    if last_event_id is None:
+        return after
+    seq = _as_seq(last_event_id)
+    if seq is None:
+        raise ValidationException(extra=[{
+            "key": "last_event_id", "source": "header",
+            "message": f"must be a whole number from 0 to {MAX_SEQ} in decimal digits"}])
+    return seq
+
+
+def _as_seq(text: str) -> int | None:
+    """`text` as a `seq` when it is ASCII digits worth at most `MAX_SEQ`, else None; its
+    length is checked before `int` reads it, which refuses very long digit strings."""
+    digits = text.lstrip("0") or "0"
+    if not (text.isascii() and text.isdigit() and len(digits) <= len(str(MAX_SEQ))):
+        return None
+    seq = int(digits)
+    return seq if seq <= MAX_SEQ else None
 
 
 @dataclass(frozen=True)
@@ -160,9 +206,11 @@ async def _frames(
 ) -> AsyncIterator[bytes]:
     loop = asyncio.get_running_loop()
     checked_at = loop.time()  # the caller was authenticated just before the first page
+    sent_at = loop.time()  # of the last byte sent, from which a keep-alive falls due
     while True:
         for event in page.events:
             yield frame(event)
+            sent_at = loop.time()
             if event["type"] in TERMINAL_EVENTS:
                 return
         next_after = page.next_after(after)
@@ -176,11 +224,12 @@ async def _frames(
             # (keep-alives for ever, its slot held).
             ahead = after > page.last_seq
             async for item in _quiet_until_more(tail, task_id, min(after, page.last_seq),
-                                                 still_allowed):
+                                                 still_allowed, sent_at):
                 if item is None:
                     return
                 if isinstance(item, bytes):
                     yield item
+                    sent_at = loop.time()
                 elif not ahead:
                     heard = item
         if loop.time() - checked_at >= AUTH_RECHECK_SECONDS:
@@ -198,26 +247,30 @@ async def _frames(
 
 
 async def _quiet_until_more(
-    tail: LiveTail, task_id: str, after: int, still_allowed: StillAllowed
+    tail: LiveTail, task_id: str, after: int, still_allowed: StillAllowed, sent_at: float
 ) -> AsyncIterator[bytes | Sequence[LoggedEvent] | None]:
-    """While the log holds nothing after `after`: a keep-alive every `KEEPALIVE_SECONDS`,
+    """While the log holds nothing after `after`: a keep-alive once `KEEPALIVE_SECONDS`
+    have passed since the stream last sent a byte (`sent_at`, on the event loop's clock),
     the caller's token checked every `AUTH_RECHECK_SECONDS` (None once it is revoked,
     or once the server is stopping: `LiveTail.close_waits`); last, what woke it
-    (`LiveTail.next_events`: the events, or `()` to read the log)."""
-    idle = 0.0
+    (`LiveTail.next_events`: the events, or `()` to read the log). The count is not
+    restarted by a wake-up: a stream resumed past the end of a live log is woken by
+    every event it does not send, and would otherwise stay silent for as long as the
+    task writes (a proxy's idle timeout cuts it)."""
+    loop = asyncio.get_running_loop()
     while True:
         if tail.closing:
             yield None
             return
-        step = min(AUTH_RECHECK_SECONDS, KEEPALIVE_SECONDS)
-        heard = await tail.next_events(task_id, after, step)
+        if loop.time() - sent_at >= KEEPALIVE_SECONDS:
+            sent_at = loop.time()
+            yield KEEPALIVE
+        until_keepalive = sent_at + KEEPALIVE_SECONDS - loop.time()
+        heard = await tail.next_events(task_id, after,
+                                       min(AUTH_RECHECK_SECONDS, until_keepalive))
         if heard is not None:
             yield heard
             return
         if not await still_allowed():
             yield None
             return
-        idle += step
-        if idle >= KEEPALIVE_SECONDS:
-            idle = 0.0
-            yield KEEPALIVE

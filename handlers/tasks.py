@@ -19,7 +19,14 @@ from handlers.answers import page
 from handlers.auth import ClientRequest, requires, token_still_valid
 from handlers.params import Cursor, PageLimit, TaskId
 from handlers.services import Services
-from handlers.sse import LastEventId, Seq, event_stream, read_events_page, resume_point
+from handlers.sse import (
+    LastEventId,
+    Seq,
+    asks_for_event_stream,
+    event_stream,
+    read_events_page,
+    resume_point,
+)
 from handlers.threads import blocking, writing
 from handlers.waits import held_wait
 
@@ -77,9 +84,10 @@ async def task_events(
 ) -> Response[Any] | Stream:
     """`{data, next_after}` pages of events after `after`; with `Accept:
     text/event-stream`, the same events as SSE (resume with `Last-Event-ID` or `?after=`),
-    live ones following, closed after the terminal event."""
+    live ones following, closed after the terminal event. A page ignores
+    `Last-Event-ID`: only a stream resumes with it."""
     owner = request.user.owner_filter
-    if "text/event-stream" in request.headers.get("accept", ""):
+    if asks_for_event_stream(request.headers.get("accept", "")):
         return await event_stream(services.db, services.tail, task_id, owner,
                                   resume_point(after, last_event_id),
                                   token_still_valid(request),

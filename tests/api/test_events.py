@@ -168,6 +168,32 @@ def test_sse_follows_live_events_and_sends_bare_keepalives(
     assert ": keepalive\n\n" not in answer.text  # never an empty event after it
 
 
+def test_sse_resumed_past_the_end_of_a_growing_log_still_sends_keepalives(
+    alice: Caller, model_id: str, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client ahead of a log that keeps growing is sent none of its events, so it
+    gets a keep-alive once the interval has passed since the last byte sent, however
+    often the log wakes the stream (a proxy's idle timeout would cut it otherwise)."""
+    monkeypatch.setattr(sse, "KEEPALIVE_SECONDS", 0.3)
+    task_id = create(alice, model_id)
+
+    def busy_worker() -> None:
+        (claim,) = start_due(db)
+        for _ in range(30):  # an event every 50 ms: the stream never idles 0.3 s
+            worker_writes.append_output(db, task_id, claim.owner_token,
+                                        output_events(task_id, "w ")[2:], text="w ")
+            threading.Event().wait(0.05)
+        finish(db, claim)
+
+    worker = threading.Thread(target=busy_worker)
+    worker.start()
+    answer = alice.get(f"/v1/tasks/{task_id}/events", headers={**SSE, "Last-Event-ID": "5000"})
+    worker.join()
+    blocks = parse_sse(answer.text)
+    assert not [block for block in blocks if "event" in block]
+    assert blocks.count({"comment": ": keepalive"}) >= 2
+
+
 def test_sse_for_another_clients_task_is_404(
     alice: Caller, bob: Caller, model_id: str
 ) -> None:
