@@ -36,12 +36,13 @@ from handlers import (
 from handlers.arrivals import Arrivals
 from handlers.auth import bearer_auth
 from handlers.console.routes import console_router, routing_failures
+from handlers.encoded_slashes import refuse_encoded_slashes
 from handlers.enqueuing import Enqueuer
 from handlers.errors import problem_details_plugin
 from handlers.json_body import BoundedRequest
 from handlers.limits import ClientLimits
 from handlers.live import LiveTail
-from handlers.params import unknown_ids_are_not_found
+from handlers.params import before_handling
 from handlers.services import ProcessServices
 from handlers.slow_clients import bounded_body_reads
 from handlers.threads import bound_waits
@@ -90,7 +91,7 @@ def create_app(
                                tokens=tokens, limits=ClientLimits(settings),
                                readiness=readiness)
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[*health.ROUTES, *metrics.ROUTES, *clients.ROUTES, *models.ROUTES,
                         *responses.ROUTES, *tasks.ROUTES, *dead_letters.ROUTES,
                         *schedules.ROUTES, console_router()],
@@ -101,7 +102,7 @@ def create_app(
                                      arrivals=arrivals),
                     bearer_auth()],
         request_class=BoundedRequest,
-        before_request=unknown_ids_are_not_found,
+        before_request=before_handling,
         exception_handlers=routing_failures(),
         plugins=[problem_details_plugin(), _pydantic_bodies()],
         request_max_body_size=settings.max_body_bytes,
@@ -110,6 +111,8 @@ def create_app(
         on_shutdown=[*on_shutdown, close],
         state=State({"services": services}),
     )
+    app.asgi_handler = refuse_encoded_slashes(app.asgi_handler)  # before routing
+    return app
 
 
 def _pydantic_bodies() -> PydanticInitPlugin:
