@@ -33,6 +33,7 @@ from core.engines.base import (
 )
 from core.engines.registry import engine_named
 from core.engines.sampling import with_model_defaults
+from core.engines.upstream.routing import NoUrlNow
 from core.errors import CancelRequested, DomainError, LeaseLost
 from core.models_registry import verified_model_file
 from core.settings import Settings
@@ -451,6 +452,10 @@ def _engine_raised(
 def _engine_failed(
     db: Database, settings: Settings, attempt: Attempt, error: EngineError
 ) -> Outcome:
+    if isinstance(error, NoUrlNow):  # nothing was sent: not worth an attempt
+        delay_ms = int((error.retry_after_seconds or 0) * 1000)
+        worker_writes.release(db, attempt.task_id, attempt.claim.owner_token, delay_ms=delay_ms)
+        return Outcome.RELEASED
     if error.retryable:
         floor_ms = int((error.retry_after_seconds or 0) * 1000)
         return _retry(db, settings, attempt, error.code, error.message, floor_ms=floor_ms)

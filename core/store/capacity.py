@@ -13,7 +13,7 @@ itself), and a resumable task must not be kept from its own continuation.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Row, bindparam, func, select
@@ -43,10 +43,14 @@ def in_flight(conn: Connection, model_ids: Sequence[str], now: int) -> Counter[s
     return Counter({row.model: row.n for row in rows})
 
 
-def with_room(limits: dict[str, int], counts: Counter[str]) -> list[str]:
-    """The upstream models below their bound by `counts` (`in_flight`, read unlocked):
-    which ones a claim looks at. `admit` decides."""
-    return sorted(m for m, bound in limits.items() if counts[m] < bound)
+def with_room(
+    limits: dict[str, int], counts: Counter[str], resting: Collection[str] = ()
+) -> list[str]:
+    """The upstream models below their bound by `counts` (`in_flight`, read unlocked),
+    but for those the claiming process cannot start now (`resting`: every URL cooling
+    down there, so an attempt would send nothing): which ones a claim looks at.
+    `admit` decides."""
+    return sorted(m for m, bound in limits.items() if counts[m] < bound and m not in resting)
 
 
 def admit(

@@ -9,7 +9,7 @@ bounds admit (`core.store.capacity`); all other tasks fill the local engine's sl
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -57,10 +57,12 @@ class Claim:
 
 
 def claim(
-    db: Database, *, limit: int, lease_ms: int, node_id: str, upstream_limit: int = 0
+    db: Database, *, limit: int, lease_ms: int, node_id: str, upstream_limit: int = 0,
+    resting: Collection[str] = (),
 ) -> list[Claim]:
     """Take up to `limit` due tasks of local models and up to `upstream_limit` of
-    upstream models (within their `max_concurrency`) in one short transaction.
+    upstream models (within their `max_concurrency`, none of the `resting` ones: the
+    caller could not start them now) in one short transaction.
 
     Resumable `running` tasks (lease expired or cleared) come first, oldest first; then
     queued ones in the fair line's order (priority, then round-robin across clients),
@@ -109,7 +111,7 @@ def claim(
             resumable, queued = _due(conn, _LOCAL, list(limits), now, limit)
         if upstream_limit > 0 and limits:
             counts = capacity.in_flight(conn, list(limits), now)
-            more = _due(conn, _UPSTREAM, capacity.with_room(limits, counts), now,
+            more = _due(conn, _UPSTREAM, capacity.with_room(limits, counts, resting), now,
                         upstream_limit)
             admitted = capacity.admit(conn, [*more[0], *more[1]], limits, now,
                                       counted=counts if db.single_writer else None)
@@ -186,12 +188,15 @@ def _candidates_query(*where: Any, order: Sequence[Any], with_output: bool) -> A
 _LOCAL, _UPSTREAM = "local", "upstream"
 _POOLS = {_LOCAL: tasks.c.model.not_in(bindparam("p_models", expanding=True)),
           _UPSTREAM: tasks.c.model.in_(bindparam("p_models", expanding=True))}
+# An upstream task handed back because its URLs were cooling down waits for `run_at`
+# (`worker_writes.release`); every other resumable task's `run_at` is past already.
 _RESUMABLE = {pool: _candidates_query(
     IS_LEASED,
     status_in(Status.RUNNING),
     tasks.c.on_restart == OnRestart.RESUME.value,
     tasks.c.lease_expires_at.is_(None) | (tasks.c.lease_expires_at <= bindparam("p_now")),
     models_term,
+    *([tasks.c.run_at <= bindparam("p_now")] if pool == _UPSTREAM else []),
     order=(tasks.c.run_at, tasks.c.id),
     with_output=True,
 ) for pool, models_term in _POOLS.items()}

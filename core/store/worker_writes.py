@@ -203,24 +203,29 @@ def requeue(
         return False
 
 
-def release(db: Database, task_id: str, owner: str) -> None:
-    """Graceful stop: hand the task back, refunding the attempt.
+def release(db: Database, task_id: str, owner: str, *, delay_ms: int = 0) -> None:
+    """Hand the task back, refunding the attempt, due again after `delay_ms`: at a
+    graceful stop, or when the attempt could send nothing (every upstream URL cooling
+    down in this process).
 
     A `resume` task that was running stays `running` with its snapshot and no lease,
-    so the next claim continues it; anything else goes back to `queued`.
+    so the next claim from `run_at` on continues it; anything else goes back to `queued`.
     """
     with db.write_events() as conn:
         now = db.clock.now_ms()
+        run_at = now + delay_ms
         refund = {"owner_token": None, "lease_expires_at": None, "attempts": Add(-1)}
+        # A resumable task keeps its place among the resumable ones unless it must wait.
+        waits = {"run_at": run_at} if delay_ms > 0 else {}
         if move(conn, now=now, expected={Status.RUNNING},
                 where=[*_mine(task_id, owner), tasks.c.on_restart == OnRestart.RESUME.value],
-                to=Status.RUNNING, events=[], values=refund):
+                to=Status.RUNNING, events=[], values={**refund, **waits}):
             return
 
         released = PerRow(1, lambda row: [Event("response.queued", {
-            "reason": "released", "attempt": row.attempts, "run_at": iso(now)})])
+            "reason": "released", "attempt": row.attempts, "run_at": iso(run_at)})])
 
         if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
                     where=Held.one(task_id, owner), to=Status.QUEUED, events=released,
-                    values={**refund, "run_at": now}):
+                    values={**refund, "run_at": run_at}):
             raise fenced(conn, task_id, owner)

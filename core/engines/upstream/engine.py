@@ -5,7 +5,9 @@ times out cools that URL down and the attempt continues at once on another one; 
 a retryable status (5xx, 408, 429) or a stream that breaks. Whatever was streamed before
 stays: the next URL is asked to continue it, exactly as a resumed task is, so output is
 never repeated or lost. When no URL is left the last error ends the attempt (retryable
-ones are backed off by the worker, `Retry-After` or the cool-down as the floor).
+ones are backed off by the worker, `Retry-After` or the cool-down as the floor). An
+attempt that found every URL cooling down before sending anything ends with `NoUrlNow`,
+which spends no attempt (the worker hands the task back).
 
 The snapshot is `{"v", "text", "output_tokens", "input_tokens"}`: the text generated so
 far (all attempts of the task), the tokens it took, and the original prompt's size.
@@ -36,6 +38,7 @@ import ssl
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx
@@ -55,7 +58,7 @@ from core.engines.base import (
 from core.engines.upstream import protocol, transport
 from core.engines.upstream.hosts import UrlRefused, check_allowed
 from core.engines.upstream.network import TlsHandshakeTimedOut
-from core.engines.upstream.routing import ROUTER, Router
+from core.engines.upstream.routing import ROUTER, NoUrlNow, Router
 
 NAME = "openai"
 SNAPSHOT_VERSION = 1
@@ -216,12 +219,15 @@ class _Relay:
     `control`, which also gets whatever ends the request. Under a lock, so once `close`
     returns nothing more is handed on and `read` is the engine thread's again. `room`
     is the transport's question after each read (`core.engines.base.Room`): the answer of an
-    `emit` that can hold back, else always yes."""
+    `emit` that can hold back, else always yes. The first thing the server sends (a read,
+    a status, the end) is `answered`: a probe of a URL out of cool-down has succeeded,
+    and the router lets other attempts use the URL at once, not after this one ends."""
 
     def __init__(
         self, read: _Read, emit: Emit | None, control: queue.SimpleQueue[Any],
-        should_stop: Callable[[], bool],
+        should_stop: Callable[[], bool], answered: Callable[[], None],
     ) -> None:
+        self._answered: Callable[[], None] | None = answered
         self._read = read
         self._emit = emit or control.put
         self._holds = emit if isinstance(emit, HoldsBack) else None
@@ -235,6 +241,10 @@ class _Relay:
 
     def put(self, item: Any) -> None:
         with self._lock:
+            if self._answered is not None:  # the first item only: END follows a failure
+                if not isinstance(item, BaseException):
+                    self._answered()
+                self._answered = None
             if self._closed:
                 return
             if not isinstance(item, list):  # END, a status, a transport failure
@@ -286,9 +296,9 @@ class UpstreamLoaded:
         tried: set[str] = set()
         last: EngineError | None = None
         while not should_stop():
-            url = self._router.pick(self._entry.base_urls, tried)
+            url = self._router.pick(self._entry.model_id, self._entry.base_urls, tried)
             if url is None:
-                raise self._cooled(last) if last else self._all_cooling()
+                raise self._cooled(last) if last else self._no_url_now()
             tried.add(url)
             try:
                 with self._router.using(url):
@@ -317,12 +327,13 @@ class UpstreamLoaded:
         last.retry_after_seconds = max(last.retry_after_seconds or 0, wait) or None
         return last
 
-    def _all_cooling(self) -> EngineError:
+    def _no_url_now(self) -> NoUrlNow:
+        """Come back when the first URL leaves its cool-down; while another attempt
+        probes the last one, a cool-down from now (when a failed probe's ends)."""
         urls = self._entry.base_urls
-        wait = self._router.cooldown_left_seconds(urls)
-        named = urls[0] if len(urls) == 1 else f"{urls[0]} and {len(urls) - 1} more"
-        return EngineError(protocol.UNAVAILABLE, f"upstream {named}: in cool-down after "
-                           "failures", retryable=True, retry_after_seconds=wait or None)
+        wait = (self._router.cooldown_left_seconds(urls)
+                or self._options.upstream_cooldown_seconds)
+        return NoUrlNow(urls, wait)
 
     def _stream(
         self, url: str, headers: dict[str, str], request: GenerationRequest,
@@ -363,7 +374,7 @@ class UpstreamLoaded:
         way) closes the connection at once; after the end it goes back to the pool. What
         a read brought before an error comes before the error."""
         control: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        relay = _Relay(read, emit, control, should_stop)
+        relay = _Relay(read, emit, control, should_stop, partial(self._router.answered, url))
         seconds = self._entry.timeout_seconds
         timeout = httpx.Timeout(seconds, connect=min(seconds, _CONNECT_SECONDS))
         stream = transport.open_stream(f"{url}/chat/completions", body, headers, timeout, relay,

@@ -1,0 +1,279 @@
+"""An upstream that is down costs a task attempts only for requests really sent
+(docs/upstream.md, "Spreading and failover"): a URL out of cool-down is tried by one
+attempt at a time, an attempt that finds every URL cooling sends nothing and is handed
+back with its attempt refunded, due when the first cool-down ends, and a claim leaves
+alone the models this process cannot start (both stores for what touches the store)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import pytest
+
+from core.clock import iso
+from core.engines.base import Chunk, EngineOptions, GenerationRequest, UpstreamModel
+from core.engines.registry import register_engine
+from core.engines.upstream.engine import NAME, OpenAIEngine
+from core.engines.upstream.protocol import UNAVAILABLE
+from core.engines.upstream.routing import NoUrlNow, Router
+from core.settings import Settings
+from core.states import OnRestart, Status
+from core.store import claims, worker_writes
+from core.store.database import Database
+from scheduler import workers
+from scheduler.loop import SweeperLoop
+from scheduler.workers import Workers
+from tests.clocks import HandClock
+from tests.scheduler.helpers import event_data
+from tests.scheduler.processes import free_port
+from tests.store.helpers import events_of, force, task_row
+from tests.upstream.helpers import MODEL, add_upstream, enqueue
+from tests.upstream.scripted import USAGE, Scripted, delta
+
+REQUEST = GenerationRequest([{"role": "user", "content": "count"}], max_output_tokens=4)
+LEASE_MS = 60_000
+COOLDOWN_SECONDS = 1.0  # the sweeper test's: three fit in test time, a claim polls each
+
+
+def closed_url() -> str:
+    """A base URL nothing listens at: a server that is down."""
+    return f"http://127.0.0.1:{free_port()}/v1"
+
+
+def cooled(router: Router, url: str, seconds: float) -> None:
+    """`url`, the only URL of MODEL, as an attempt refused at it leaves it."""
+    assert router.pick(MODEL, [url], set()) == url
+    router.failed(MODEL, url, UNAVAILABLE, cooldown_seconds=seconds)
+
+
+@pytest.fixture
+def router(monkeypatch: pytest.MonkeyPatch) -> Iterator[Router]:
+    """A router of the test's own, used by the engine and by the worker's claims."""
+    own = Router()
+    register_engine(NAME, partial(OpenAIEngine, router=own))
+    monkeypatch.setattr(workers, "ROUTER", own)
+    yield own
+    register_engine(NAME, OpenAIEngine)
+
+
+# The router.
+
+def test_a_url_out_of_cool_down_goes_to_one_attempt_until_the_server_answers() -> None:
+    clock = HandClock(1_000_000)
+    router = Router(clock)
+    url = "http://a.test/v1"
+    cooled(router, url, 10)
+    clock.ms += 10_000
+
+    assert router.pick(MODEL, [url], set()) == url  # the probe
+    assert router.pick(MODEL, [url], set()) is None
+    assert router.resting() == {MODEL}
+    router.answered(url)
+    assert router.pick(MODEL, [url], set()) == url
+    assert router.pick(MODEL, [url], set()) == url  # no probe once answered
+    assert router.resting() == set()
+
+
+def test_a_failed_probe_cools_its_url_down_again() -> None:
+    clock = HandClock(1_000_000)
+    router = Router(clock)
+    url = "http://a.test/v1"
+    cooled(router, url, 10)
+    clock.ms += 10_000
+
+    assert router.pick(MODEL, [url], set()) == url
+    with router.using(url):
+        router.failed(MODEL, url, UNAVAILABLE, cooldown_seconds=10)
+    assert router.pick(MODEL, [url], set()) is None
+    assert router.cooldown_left_seconds([url]) == 10
+    assert router.resting() == {MODEL}
+
+
+def test_a_probe_that_ends_without_an_answer_frees_its_url() -> None:
+    clock = HandClock(1_000_000)
+    router = Router(clock)
+    url = "http://a.test/v1"
+    cooled(router, url, 10)
+    clock.ms += 10_000
+
+    with router.using(router.pick(MODEL, [url], set()) or ""):
+        assert router.pick(MODEL, [url], set()) is None
+    assert router.pick(MODEL, [url], set()) == url
+
+
+def test_a_model_rests_only_while_every_url_of_it_cools_down() -> None:
+    router = Router(HandClock(1_000_000))
+    down, up = "http://down.test/v1", "http://up.test/v1"
+    assert router.pick(MODEL, [down, up], set()) == down
+    router.failed(MODEL, down, UNAVAILABLE, cooldown_seconds=10)
+    assert router.resting() == set()
+    router.failed(MODEL, up, UNAVAILABLE, cooldown_seconds=10)
+    assert router.resting() == {MODEL}
+
+
+# The engine.
+
+def test_an_attempt_finding_every_url_cooling_sends_nothing_and_says_when_to_return() -> None:
+    url = closed_url()
+    router = Router()
+    cooled(router, url, 7)
+    router.take_reports()
+    loaded = OpenAIEngine(EngineOptions(upstream_cooldown_seconds=7), router).load(
+        UpstreamModel(MODEL, (url,), "smollm2", None, 8, 10))
+
+    with pytest.raises(NoUrlNow) as none:
+        list(loaded.generate(REQUEST, None, lambda: False))
+
+    assert 6 <= (none.value.retry_after_seconds or 0) <= 7
+    assert none.value.message == f"upstream {url}: in cool-down after failures; no request sent"
+    assert not router.take_reports()  # no request, so no error met
+
+
+def test_an_attempt_finding_its_url_probed_returns_a_cool_down_later() -> None:
+    """Another attempt probes the only URL: if that probe fails, the URL cools down
+    for the cool-down from about now, so that is when this one comes back."""
+    url = closed_url()
+    router = Router()
+    router.pick(MODEL, [url], set())
+    router.failed(MODEL, url, UNAVAILABLE, cooldown_seconds=0.01)
+    time.sleep(0.02)
+    assert router.pick(MODEL, [url], set()) == url  # another attempt's probe
+    loaded = OpenAIEngine(EngineOptions(upstream_cooldown_seconds=7), router).load(
+        UpstreamModel(MODEL, (url,), "smollm2", None, 8, 10))
+
+    with pytest.raises(NoUrlNow) as none:
+        list(loaded.generate(REQUEST, None, lambda: False))
+
+    assert none.value.retry_after_seconds == 7
+
+
+def test_a_probe_answered_frees_its_url_while_it_still_streams(
+    scripted: Callable[..., Scripted]
+) -> None:
+    server = scripted([delta("One"), delta(", two"), delta("", "stop"), USAGE,
+                       b"data: [DONE]\n\n"])
+    router = Router()
+    cooled(router, server.base_url, 0.01)
+    time.sleep(0.02)
+    loaded = OpenAIEngine(EngineOptions(), router).load(
+        UpstreamModel(MODEL, (server.base_url,), "smollm2", None, 8, 10))
+    others: list[str | None] = []  # what another attempt picks while this one streams
+
+    def emit(chunk: Chunk) -> None:
+        others.append(router.pick(MODEL, [server.base_url], set()))
+
+    list(loaded.generate(REQUEST, None, lambda: False, emit))
+
+    assert others and others[0] == server.base_url
+
+
+# The store: hand-back and claim.
+
+def test_a_handed_back_task_is_queued_until_its_time_with_its_attempt_refunded(
+    db: Database
+) -> None:
+    model = add_upstream(db, [closed_url()])
+    [task_id] = enqueue(db, model=model)
+    [held] = claims.claim(db, limit=0, upstream_limit=4, lease_ms=LEASE_MS, node_id="n")
+
+    worker_writes.release(db, task_id, held.owner_token, delay_ms=60_000)
+
+    row = task_row(db, task_id)
+    assert (row.status, row.attempts, row.owner_token) == (Status.QUEUED, 0, None)
+    [queued] = event_data(db, task_id, "response.queued")
+    assert queued == {"reason": "released", "attempt": 0, "run_at": iso(row.run_at)}
+    assert row.run_at >= db.clock.now_ms() + 59_000
+    assert claims.claim(db, limit=0, upstream_limit=4, lease_ms=LEASE_MS, node_id="n") == []
+
+
+def test_a_handed_back_resume_task_keeps_its_snapshot_and_waits_for_its_time(
+    db: Database
+) -> None:
+    model = add_upstream(db, [closed_url()])
+    [task_id] = enqueue(db, model=model, on_restart=OnRestart.RESUME)
+    [held] = claims.claim(db, limit=0, upstream_limit=4, lease_ms=LEASE_MS, node_id="n")
+    worker_writes.append_output(db, task_id, held.owner_token, [], text="One,",
+                                snapshot_json='{"v": 1}', start=True)
+
+    worker_writes.release(db, task_id, held.owner_token, delay_ms=60_000)
+
+    row = task_row(db, task_id)
+    assert (row.status, row.attempts, row.snapshot_json) == (Status.RUNNING, 0, '{"v": 1}')
+    assert claims.claim(db, limit=0, upstream_limit=4, lease_ms=LEASE_MS, node_id="n") == []
+    force(db, task_id, run_at=db.clock.now_ms() - 1)
+    [resumed] = claims.claim(db, limit=0, upstream_limit=4, lease_ms=LEASE_MS, node_id="n")
+    assert (resumed.task_id, resumed.resumed, resumed.snapshot_json) == (task_id, True,
+                                                                         '{"v": 1}')
+
+
+def test_a_claim_leaves_the_resting_models_tasks_alone(db: Database) -> None:
+    model = add_upstream(db, [closed_url()])
+    enqueue(db, 2, model=model)
+
+    assert claims.claim(db, limit=0, upstream_limit=4, lease_ms=LEASE_MS, node_id="n",
+                        resting={model}) == []
+    assert len(claims.claim(db, limit=0, upstream_limit=4, lease_ms=LEASE_MS,
+                            node_id="n")) == 2
+
+
+def test_a_worker_claims_no_task_of_a_model_whose_every_url_cools_down_here(
+    db: Database, quick: Settings, router: Router
+) -> None:
+    url = closed_url()
+    model = add_upstream(db, [url])
+    [task_id] = enqueue(db, model=model)
+    cooled(router, url, 60)
+    pool = Workers(db, quick)
+    try:
+        assert pool.claim() == 0
+    finally:
+        pool.stop(drain_seconds=0)
+    row = task_row(db, task_id)
+    assert (row.status, row.attempts) == (Status.QUEUED, 0)
+
+
+# A sweeper against a server that is down.
+
+def queued_events(db: Database, task_ids: list[str]) -> list[tuple[int, dict[str, Any]]]:
+    """Every `response.queued` event of the tasks: when it was logged, and its data."""
+    return [(e.created_at, json.loads(e.data)) for t in task_ids for e in events_of(db, t)
+            if e.type == "response.queued"]
+
+
+def test_a_server_that_stays_down_costs_one_attempt_per_cool_down_not_one_per_task(
+    db: Database, quick: Settings, router: Router
+) -> None:
+    """Five tasks, the only URL already cooling down: over three cool-downs at most one
+    probe per cool-down reaches the server; every other attempt is handed back unspent,
+    due when the cool-down ends."""
+    settings = replace(quick, upstream_cooldown_seconds=COOLDOWN_SECONDS)
+    url = closed_url()
+    model = add_upstream(db, [url])
+    cooled(router, url, COOLDOWN_SECONDS)
+    task_ids = enqueue(db, 5, model=model, max_attempts=5, max_output_tokens=4)
+    loop = SweeperLoop(db, settings)
+
+    loop.start()
+    try:
+        time.sleep(3.5 * COOLDOWN_SECONDS)
+        stopping_at = db.clock.now_ms()
+    finally:
+        loop.stop()
+
+    rows = [task_row(db, t) for t in task_ids]
+    assert all(row.status == Status.QUEUED for row in rows)  # none failed, none dead-lettered
+    spent = sum(row.attempts for row in rows)
+    assert 1 <= spent <= 4, f"{spent} attempts spent in 3.5 cool-downs"
+    events = queued_events(db, task_ids)
+    retries = [data for _, data in events if data["reason"] == "retry"]
+    assert len(retries) == spent  # each spent attempt was a request the server refused
+    assert all(e["error"]["message"] == f"upstream {url}: connection failed" for e in retries)
+    released = [(at, data) for at, data in events
+                if data["reason"] == "released" and at < stopping_at]  # not the stop's
+    assert released
+    assert all(data["run_at"] > iso(at) for at, data in released)
