@@ -3,14 +3,9 @@ code, and never reaches the route its decoded path would name (docs/http-api.md)
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from litestar.testing import TestClient
 
-from core.settings import Settings
-from core.store.database import Database
-from tests.api.helpers import Caller, caller
+from tests.api.helpers import Caller
 from tests.api.served import Service
 from tests.api.test_errors import assert_problem
 from tests.api.test_served import create, task_status, token_client
@@ -51,14 +46,6 @@ def test_an_encoded_slash_under_v1_is_404_before_routing(
     assert_problem(admin.request(method, path), 404, code)
 
 
-def test_a_model_id_with_an_encoded_slash_still_names_its_model(
-    db: Database, http: TestClient[Any], settings: Settings
-) -> None:
-    (settings.models_dir / "m.bin").write_bytes(b"weights")
-    admin = caller(db, http, "models:admin", "models:read")
-    assert admin.post("/v1/models", json={"path": "m.bin", "id": "org/m",
-                                          "engine": "test.words"}).status_code == 201
-    assert admin.get("/v1/models/org%2Fm").json()["id"] == "org/m"
 
 
 def test_a_real_server_refuses_an_encoded_slash_before_routing(service: Service) -> None:

@@ -5,21 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner, Result
 
-from core.settings import Settings
 from core.store.clients import create_client
 from core.store.database import Database
 from infra.cli import main
-
-
-@pytest.fixture
-def taskward(settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> CliRunner:
-    monkeypatch.chdir(tmp_path)  # no taskward.toml of the developer's
-    monkeypatch.setenv("TASKWARD_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("TASKWARD_MODELS_DIR", str(settings.models_dir))
-    return CliRunner()
 
 
 def run(runner: CliRunner, *args: str) -> Result:

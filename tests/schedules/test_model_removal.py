@@ -3,9 +3,6 @@ nothing: their slots pass without a task until the model is back (docs/cli.md)."
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 from click.testing import CliRunner, Result
 
 from core.models_registry import register
@@ -13,14 +10,6 @@ from core.settings import Settings
 from core.store.database import Database
 from infra.cli import main
 from tests.schedules.helpers import add_schedule
-
-
-@pytest.fixture
-def taskward(settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> CliRunner:
-    monkeypatch.chdir(tmp_path)  # no taskward.toml of the developer's
-    monkeypatch.setenv("TASKWARD_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("TASKWARD_MODELS_DIR", str(settings.models_dir))
-    return CliRunner()
 
 
 def remove_model(runner: CliRunner, model_id: str) -> Result:

@@ -51,6 +51,15 @@ def cooled(router: Router, url: str, seconds: float) -> None:
     router.failed(MODEL, url, UNAVAILABLE, cooldown_seconds=seconds)
 
 
+def out_of_cool_down(url: str) -> Router:
+    """A router of its own whose one URL, `url`, has just left a 10 s cool-down."""
+    clock = HandClock(1_000_000)
+    router = Router(clock)
+    cooled(router, url, 10)
+    clock.ms += 10_000
+    return router
+
+
 @pytest.fixture
 def router(monkeypatch: pytest.MonkeyPatch) -> Iterator[Router]:
     """A router of the test's own, used by the engine and by the worker's claims."""
@@ -64,11 +73,8 @@ def router(monkeypatch: pytest.MonkeyPatch) -> Iterator[Router]:
 # The router.
 
 def test_a_url_out_of_cool_down_goes_to_one_attempt_until_the_server_answers() -> None:
-    clock = HandClock(1_000_000)
-    router = Router(clock)
     url = "http://a.test/v1"
-    cooled(router, url, 10)
-    clock.ms += 10_000
+    router = out_of_cool_down(url)
 
     assert router.pick(MODEL, [url], set()) == url  # the probe
     assert router.pick(MODEL, [url], set()) is None
@@ -80,11 +86,8 @@ def test_a_url_out_of_cool_down_goes_to_one_attempt_until_the_server_answers() -
 
 
 def test_a_failed_probe_cools_its_url_down_again() -> None:
-    clock = HandClock(1_000_000)
-    router = Router(clock)
     url = "http://a.test/v1"
-    cooled(router, url, 10)
-    clock.ms += 10_000
+    router = out_of_cool_down(url)
 
     assert router.pick(MODEL, [url], set()) == url
     with router.using(url):
@@ -95,11 +98,8 @@ def test_a_failed_probe_cools_its_url_down_again() -> None:
 
 
 def test_a_probe_that_ends_without_an_answer_frees_its_url() -> None:
-    clock = HandClock(1_000_000)
-    router = Router(clock)
     url = "http://a.test/v1"
-    cooled(router, url, 10)
-    clock.ms += 10_000
+    router = out_of_cool_down(url)
 
     with router.using(router.pick(MODEL, [url], set()) or ""):
         assert router.pick(MODEL, [url], set()) is None
