@@ -30,10 +30,10 @@ from core.engines.base import (
     GenerationRequest,
     ModelFile,
     ModelSource,
+    NotStarted,
 )
 from core.engines.registry import engine_named
 from core.engines.sampling import with_model_defaults
-from core.engines.upstream.routing import NoUrlNow
 from core.errors import CancelRequested, DomainError, LeaseLost
 from core.models_registry import verified_model_file
 from core.settings import Settings
@@ -452,7 +452,7 @@ def _engine_raised(
 def _engine_failed(
     db: Database, settings: Settings, attempt: Attempt, error: EngineError
 ) -> Outcome:
-    if isinstance(error, NoUrlNow):  # nothing was sent: not worth an attempt
+    if isinstance(error, NotStarted):  # nothing was sent: not worth an attempt
         delay_ms = int((error.retry_after_seconds or 0) * 1000)
         worker_writes.release(db, attempt.task_id, attempt.claim.owner_token, delay_ms=delay_ms)
         return Outcome.RELEASED

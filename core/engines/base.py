@@ -114,6 +114,17 @@ class EngineError(Exception):
         self.retry_after_seconds = retry_after_seconds
 
 
+class NotStarted(EngineError):
+    """The engine could start nothing and sent no work anywhere (an upstream entry whose
+    every URL is cooling down): not a failure of the task, and no attempt spent. The
+    worker hands the task back with the attempt refunded, due again in
+    `retry_after_seconds`."""
+
+    def __init__(self, code: str, message: str, *, retry_after_seconds: float) -> None:
+        super().__init__(code, message, retryable=True,
+                         retry_after_seconds=retry_after_seconds)
+
+
 Emit = Callable[[Chunk], None]
 # May the producer hand on more? False holds it until the wake-up it passed is called.
 Room = Callable[[Callable[[], None]], bool]

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from core.clock import Clock
-from core.engines.base import EngineError
+from core.engines.base import NotStarted
 from core.engines.upstream.protocol import UNAVAILABLE
 
 
@@ -37,16 +37,14 @@ class Reports:
         return bool(self.errors or self.cooldowns)
 
 
-class NoUrlNow(EngineError):
+class NoUrlNow(NotStarted):
     """Every base URL of the entry is cooling down, or being probed, in this process:
-    the attempt sent no request. Not a failure of the task: the worker hands it back
-    with the attempt refunded, due again in `retry_after_seconds`."""
+    the attempt sent no request."""
 
     def __init__(self, urls: Sequence[str], wait_seconds: float) -> None:
         named = urls[0] if len(urls) == 1 else f"{urls[0]} and {len(urls) - 1} more"
         super().__init__(UNAVAILABLE, f"upstream {named}: in cool-down after "
-                         "failures; no request sent", retryable=True,
-                         retry_after_seconds=wait_seconds)
+                         "failures; no request sent", retry_after_seconds=wait_seconds)
 
 
 class Router:
