@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Union, get_args, get_origin
 from weakref import WeakKeyDictionary
@@ -94,8 +95,10 @@ class _IntegerParameter:
     in_header: bool
 
 
-# Per route handler, worked out from its signature on its first request.
-_INTEGERS: WeakKeyDictionary[BaseRouteHandler, tuple[_IntegerParameter, ...]] = (
+# Per route handler's function, worked out from its signature on its first request.
+# Keyed by the function: a handler Litestar makes itself (the one that answers
+# `OPTIONS`) is an object no weak reference can point at.
+_INTEGERS: WeakKeyDictionary[Callable[..., Any], tuple[_IntegerParameter, ...]] = (
     WeakKeyDictionary())
 
 
@@ -113,9 +116,9 @@ def integers_are_digits(request: Request[Any, Any, Any]) -> None:
 
 
 def _integer_parameters(handler: BaseRouteHandler) -> tuple[_IntegerParameter, ...]:
-    known = _INTEGERS.get(handler)
+    known = _INTEGERS.get(handler.fn)
     if known is None:
-        known = _INTEGERS[handler] = tuple(
+        known = _INTEGERS[handler.fn] = tuple(
             parameter for name, field in handler.parsed_fn_signature.parameters.items()
             if (parameter := _as_integer_parameter(name, field)) is not None)
     return known

@@ -3,7 +3,10 @@ are refused as `0x10` is, not read as 10 and 2 (docs/http-api.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from litestar.testing import TestClient
 
 from tests.api.helpers import Caller
 from tests.api.test_errors import assert_problem
@@ -58,3 +61,17 @@ def test_digits_are_read_and_a_negative_is_refused_by_its_range(
     problem = assert_problem(alice.get("/v1/tasks", params={"limit": "-1"}), 422,
                              "validation_error")
     assert problem["errors"][0]["message"] == "Expected `int` >= 1"
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/metrics", "/v1/pair", "/v1/tasks",
+                                  "/v1/tasks/resp_abc/events", "/v1/responses"])
+def test_an_options_request_is_answered_without_a_token(
+    http: TestClient[Any], path: str
+) -> None:
+    """Litestar answers `OPTIONS` (a CORS preflight) with a handler of its own, which the
+    check of integer parameters reads as it reads ours: it once made every `OPTIONS` a
+    500."""
+    answer = http.options(path, headers={"Origin": "https://example.test",
+                                         "Access-Control-Request-Method": "GET"})
+    assert answer.status_code == 204
+    assert "GET" in answer.headers["allow"] or "POST" in answer.headers["allow"]
