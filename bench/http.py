@@ -7,7 +7,8 @@ idempotency key) straight on the store in this process, then starts `taskward se
 - `POST /v1/responses` (asynchronous, a fresh `Idempotency-Key` per request);
 - `GET /v1/tasks/{id}` of tasks created in the first phase;
 each over `--connections` keep-alive connections (default 64) from loopback, printing
-requests/s and p50/p99 latency. With `--compare-timeouts` the two phases also run,
+requests/s and p50/p99 latency of the requests served (202, 200), and every status
+answered (a refusal counts there only). With `--compare-timeouts` the two phases also run,
 in the same run and over the same store, against a server whose slow-client timeouts
 are off (`TASKWARD_HTTP_IDLE_TIMEOUT_SECONDS=0`, `TASKWARD_HTTP_BODY_TIMEOUT_SECONDS=0`:
 granian's auto HTTP mode, no bounded body reads), the behaviour before they existed.
@@ -51,6 +52,11 @@ BODY = json.dumps({"model": "bench", "input": "words=3"}).encode()
 
 @dataclass
 class Run:
+    """One load phase. `latencies` are those of the answers with the `ok` status only:
+    a refusal (a 429, a 5xx) is not a request served, its time is not an
+    acknowledgement's; `statuses` counts every answer."""
+
+    ok: int
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
@@ -83,17 +89,20 @@ async def _connection(port: int, build: object, run: Run, deadline: float,
             request = build()  # type: ignore[operator]
             began = time.perf_counter()
             status, body = await exchange(reader, writer, request)
-            run.latencies.append(time.perf_counter() - began)
+            elapsed = time.perf_counter() - began
             run.statuses[status] = run.statuses.get(status, 0) + 1
-            if keep_ids and status == 202:
-                run.task_ids.append(json.loads(body)["id"])
+            if status == run.ok:
+                run.latencies.append(elapsed)
+                if keep_ids:
+                    run.task_ids.append(json.loads(body)["id"])
     finally:
         writer.close()
 
 
-async def load(port: int, build: object, connections: int, seconds: float,
-                keep_ids: bool = False) -> Run:
-    run = Run()
+async def load(port: int, build: object, connections: int, seconds: float, *, ok: int,
+               keep_ids: bool = False) -> Run:
+    """`connections` closed loops for `seconds`; `ok` is the status of a served request."""
+    run = Run(ok)
     start = time.perf_counter()
     await asyncio.gather(*(_connection(port, build, run, start + seconds, keep_ids)
                            for _ in range(connections)))
@@ -189,12 +198,12 @@ def measure(env: dict[str, str], token: str, args: argparse.Namespace) -> tuple[
     server = start_server(env, port, args.workers)
     try:
         posts = asyncio.run(load(port, lambda: post_request(token), args.connections,
-                                  args.seconds, keep_ids=True))
+                                 args.seconds, ok=202, keep_ids=True))
         ids = posts.task_ids or ["resp_missing"]
         counter = iter(range(10**12))
         gets = asyncio.run(load(
             port, lambda: get_request(token, ids[next(counter) % len(ids)]),
-            args.connections, args.seconds))
+            args.connections, args.seconds, ok=200))
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

@@ -3,9 +3,11 @@
 - `Peer`: Procrastinate or PgQueuer, every step a subprocess of the peers' own
   virtualenv (`bench/peer_drivers/`); finishes are read from the queue's own tables.
 - `Taskward`: HTTP `POST /v1/responses` against `taskward serve`, `taskward sweeper`
-  processes, the deterministic plug-in engine of `tests/engines.py` (`words=1`: one
-  chunk, a no-op); finishes are its `response.completed` events. On SQLite the latency
-  run uses `taskward run`, whose in-process wake-up is that store's only push.
+  processes, the plug-in engine of `bench/noop_engine.py` (`words=1`: one chunk, a
+  no-op) loaded through `TASKWARD_ENGINE_MODULES`, which notes each generation as it
+  is entered, as the peers' job functions do; finishes are its `response.completed`
+  events. On SQLite the latency run uses `taskward run`, whose in-process wake-up is
+  that store's only push.
 
 Every system records, per job, when its work started and when its finish was stamped,
 as epoch seconds, and how many times it ran, so `bench/peers.py` checks that every job
@@ -15,6 +17,7 @@ finished exactly once and computes the same figures for all.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -23,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,13 +35,17 @@ from typing import Any
 import httpx
 import psycopg
 
+from bench import noop_engine
 from bench.http import exchange, free_port, load
+from core.clients import IssuedToken
 from core.models_registry import register
+from core.requests import ResponseRequest, new_task
 from core.settings import Settings
-from core.store.births import NewTask, insert_task
+from core.store.births import NewTask
 from core.store.clients import create_client
 from core.store.connect import create_db_engine
 from core.store.database import Database
+from core.store.new_tasks import enqueue_many
 from infra.migrate import upgrade
 from tests.databases import private_pg_database
 from tests.scheduler.processes import environment, wait_until
@@ -48,6 +55,8 @@ TASKWARD = str(Path(sys.executable).with_name("taskward"))
 MODEL = "noop"
 NOOP_REQUEST = {"model": MODEL, "input": "words=1"}
 SLOTS = 16
+# Tasks per transaction when a drain's queue is filled (not measured).
+FILL_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -105,13 +114,16 @@ def dsn(url: str) -> str:
 @dataclass
 class Timeline:
     """Per job: when its work started and when its finish was stamped (epoch s), and
-    how many times it was executed; per worker process (by its index among the
-    workers started), when its first job started."""
+    how many times it was executed (each a line its job function or engine wrote as
+    it was entered); per worker process (by its index among the workers started), when
+    its first job started. `claims`: per job, how many times the queue handed it out,
+    where the queue records that itself (taskward's `response.loading` events)."""
 
     starts: dict[str, float]
     finishes: dict[str, float]
     executions: Counter[str]
     first_starts: dict[int, float]
+    claims: Counter[str] | None = None
 
 
 class Peer:
@@ -143,8 +155,9 @@ class Peer:
         self._step(url, "fill", "--count", str(count))
 
     @contextmanager
-    def workers(self, url: str, count: int, slots: int, logs: Path) -> Iterator[list[Child]]:
-        commands = [(self._argv(url, "worker", "--slots", str(slots),
+    def workers(self, url: str, count: int, slots: int, logs: Path,
+                workload: str) -> Iterator[list[Child]]:
+        commands = [(self._argv(url, "worker", "--slots", str(slots), "--workload", workload,
                                 "--log", str(logs / f"{self.name}-executions-{i}")),
                      {**os.environ, "PYTHONPATH": str(ROOT)}) for i in range(count)]
         with processes(commands, logs, f"{self.name}-worker") as children:
@@ -203,8 +216,9 @@ class Taskward:
         self.store = store
         self.name = "taskward" if store == "postgresql" else "taskward-sqlite"
         self._serve_workers = serve_workers
-        self._tokens: dict[str, str] = {}
+        self._clients: dict[str, IssuedToken] = {}
         self._models_dir: Path | None = None
+        self._tags = itertools.count()  # each paced request's job tag, unique in a run
 
     @contextmanager
     def database(self, workdir: Path) -> Iterator[str]:
@@ -220,9 +234,9 @@ class Taskward:
             db = self._db(url)
             try:
                 upgrade(db.engine)
-                register(db, models_dir, "noop.bin", model_id=MODEL, engine="test.words")
-                self._tokens[url] = create_client(
-                    db, name="bench", scopes=frozenset({"responses:create"})).token
+                register(db, models_dir, "noop.bin", model_id=MODEL, engine=noop_engine.NAME)
+                self._clients[url] = create_client(
+                    db, name="bench", scopes=frozenset({"responses:create"}))
             finally:
                 db.dispose()
             yield url
@@ -234,25 +248,37 @@ class Taskward:
     def _db(self, url: str) -> Database:
         return Database(create_db_engine(self._settings(url)))
 
-    def _env(self, url: str, **extra: object) -> dict[str, str]:
-        return environment(self._settings(url), **{"worker_concurrency": SLOTS, **extra})
+    def _env(self, url: str, executions: Path | None = None,
+             **extra: object) -> dict[str, str]:
+        """A taskward process's environment; `executions`: where its engine notes each
+        generation it enters (a process that generates nothing needs none)."""
+        env = environment(self._settings(url), **{"worker_concurrency": SLOTS,
+                                                   "engine_modules": noop_engine.MODULE,
+                                                   **extra})
+        if executions is not None:
+            env[noop_engine.LOG_VARIABLE] = str(executions)
+        return env
 
     def fill(self, url: str, count: int) -> None:
+        """`count` no-op tasks of the bench's client, built and stored by the functions
+        `POST /v1/responses` calls (its group commit), without HTTP: the fill is not
+        measured."""
         db = self._db(url)
-        request = json.dumps(NOOP_REQUEST)
         try:
-            with db.write() as conn:
-                now = db.clock.now_ms()
-                for _ in range(count):
-                    insert_task(db, conn, NewTask(client_id="bench", model=MODEL,
-                                                  request_json=request), now)
+            fill_queue(db, self._settings(url), self._clients[url].client_id,
+                       [f"f{i}" for i in range(count)])
         finally:
             db.dispose()
 
+    def _executions(self, logs: Path, process: int | str) -> Path:
+        return logs / f"{self.name}-executions-{process}"
+
     @contextmanager
-    def workers(self, url: str, count: int, slots: int, logs: Path) -> Iterator[list[Child]]:
+    def workers(self, url: str, count: int, slots: int, logs: Path,
+                workload: str) -> Iterator[list[Child]]:
         commands = [([TASKWARD, "sweeper"],
-                     self._env(url, worker_concurrency=slots, node_id=f"bench-{i}"))
+                     self._env(url, self._executions(logs, i), worker_concurrency=slots,
+                               node_id=f"bench-{i}"))
                     for i in range(count)]
         with processes(commands, logs, f"{self.name}-sweeper") as children:
             yield children
@@ -262,28 +288,33 @@ class Taskward:
         port = free_port()
         argv = ([TASKWARD, "run", "--port", str(port)] if with_sweeper else
                 [TASKWARD, "serve", "--port", str(port), "--workers", str(self._serve_workers)])
-        with processes([(argv, self._env(url))], logs, f"{self.name}-{argv[1]}"):
+        env = self._env(url, self._executions(logs, "run") if with_sweeper else None)
+        with processes([(argv, env)], logs, f"{self.name}-{argv[1]}"):
             wait_until(lambda: _ready(port), timeout=60, what="the API")
             yield port
 
-    def _post(self, url: str) -> bytes:
-        body = json.dumps(NOOP_REQUEST).encode()
+    def _post(self, url: str, body: dict[str, str] = NOOP_REQUEST) -> bytes:
+        raw = json.dumps(body).encode()
         return (f"POST /v1/responses HTTP/1.1\r\nHost: bench\r\n"
-                f"Authorization: Bearer {self._tokens[url]}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-                ).encode() + body
+                f"Authorization: Bearer {self._clients[url].token}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
+                ).encode() + raw
 
     def enqueue(self, url: str, producers: int, seconds: float, logs: Path) -> dict[str, Any]:
         request = self._post(url)
         with self._api(url, logs) as port:
-            run = asyncio.run(load(port, lambda: request, producers, seconds))
+            run = asyncio.run(load(port, lambda: request, producers, seconds, ok=202))
         return {"count": run.statuses.get(202, 0), "seconds": run.seconds,
                 "latencies": run.latencies, "statuses": run.statuses}
 
     def paced(self, url: str, rate: float, count: int, logs: Path) -> list[tuple[str, float]]:
+        def request() -> bytes:  # each its own job tag, for the engine's lines
+            tag = f"p{next(self._tags)}"
+            return self._post(url, {"model": MODEL, "input": noop_engine.noop_input(tag)})
+
         # SQLite has no cross-process push: its latency figure is `taskward run`'s.
         with self._api(url, logs, with_sweeper=self.store == "sqlite") as port:
-            return asyncio.run(paced_http(port, self._post(url), rate, count))
+            return asyncio.run(paced_http(port, request, rate, count))
 
     def finished(self, url: str) -> int:
         return int(rows(url, "SELECT count(*) FROM tasks WHERE status = 'completed'")[0][0])
@@ -292,24 +323,51 @@ class Taskward:
         return int(rows(url, "SELECT count(*) FROM tasks")[0][0])
 
     def timeline(self, url: str, logs: Path, workers: int) -> Timeline:
-        events = rows(url, "SELECT e.task_id, e.type, e.created_at, t.node_id "
-                           "FROM task_events e JOIN tasks t ON t.id = e.task_id "
-                           "WHERE e.type IN ('response.loading', 'response.completed')")
+        """Starts and executions from the engine's lines (each tag mapped to its task
+        through the stored request), finishes from `response.completed`, claims from
+        `response.loading`."""
+        task_of = {noop_engine.tag_of(_input(request)): task_id
+                   for task_id, request in rows(url, "SELECT id, request FROM tasks")}
         starts: dict[str, float] = {}
-        finishes: dict[str, float] = {}
         executions: Counter[str] = Counter()
-        first_by_node: dict[str, float] = {}
-        for task_id, kind, created_at, node_id in events:
-            at = created_at / 1000
+        first: dict[int, float] = {}
+        for path in sorted(logs.glob(f"{self.name}-executions-*")):
+            entries = noop_engine.read_executions(path)
+            for tag, began in entries:
+                job = task_of.get(tag, f"unknown job {tag}")
+                executions[job] += 1
+                starts[job] = min(began, starts.get(job, began))
+            index = path.name.rsplit("-", 1)[1]
+            if entries and index.isdigit() and int(index) < workers:
+                first[int(index)] = min(began for _, began in entries)
+        finishes: dict[str, float] = {}
+        claims: Counter[str] = Counter()
+        for task_id, kind, created_at in rows(
+                url, "SELECT task_id, type, created_at FROM task_events "
+                     "WHERE type IN ('response.loading', 'response.completed')"):
             if kind == "response.loading":
-                executions[task_id] += 1
-                starts[task_id] = min(at, starts.get(task_id, at))
-                first_by_node[node_id] = min(at, first_by_node.get(node_id, at))
+                claims[task_id] += 1
             else:
-                finishes[task_id] = at
-        first = {i: first_by_node[f"bench-{i}"] for i in range(workers)
-                 if f"bench-{i}" in first_by_node}
-        return Timeline(starts, finishes, executions, first)
+                finishes[task_id] = created_at / 1000
+        return Timeline(starts, finishes, executions, first, claims)
+
+
+def fill_queue(db: Database, settings: Settings, client_id: str, tags: list[str]) -> None:
+    """Queue one no-op task per tag for `client_id`, as `POST /v1/responses` would: the
+    body validated as the API validates it, the task built by `core.requests.new_task`
+    and stored by the API's group commit (`enqueue_many`), `FILL_BATCH` per commit."""
+    now = db.clock.now_ms()
+    news: list[NewTask] = [new_task(ResponseRequest.model_validate(
+        {"model": MODEL, "input": noop_engine.noop_input(tag)}), client_id=client_id,
+        settings=settings, now_ms=now) for tag in tags]
+    for start in range(0, len(news), FILL_BATCH):
+        enqueue_many(db, [(new, None) for new in news[start:start + FILL_BATCH]])
+
+
+def _input(request_json: str) -> str:
+    """The text input of a stored request (the bench only sends text)."""
+    value = json.loads(request_json)["input"]
+    return value if isinstance(value, str) else ""
 
 
 def _ready(port: int) -> bool:
@@ -319,22 +377,25 @@ def _ready(port: int) -> bool:
         return False
 
 
-async def paced_http(port: int, request: bytes, rate: float,
+async def paced_http(port: int, build: Callable[[], bytes], rate: float,
                      count: int) -> list[tuple[str, float]]:
-    """`count` POSTs at `rate` per second over a few keep-alive connections, open loop:
-    `(task id, epoch before the request)` for each 202."""
+    """`count` POSTs (each `build()`) at `rate` per second over a few keep-alive
+    connections, open loop: `(task id, epoch before the request)` for each. Any answer
+    but 202 stops the run, as an enqueue error stops a peer's."""
     idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
     for _ in range(4):
         idle.put_nowait(await asyncio.open_connection("127.0.0.1", port))
     sent: list[tuple[str, float]] = []
 
     async def one() -> None:
+        request = build()
         reader, writer = await idle.get()
         began = time.time()
         status, body = await exchange(reader, writer, request)
         idle.put_nowait((reader, writer))
-        if status == 202:
-            sent.append((json.loads(body)["id"], began))
+        if status != 202:
+            raise RuntimeError(f"a paced POST was answered {status}")
+        sent.append((json.loads(body)["id"], began))
 
     start = time.perf_counter()
     calls = []
@@ -368,7 +429,7 @@ class BareLitestar:
                    f"Content-Length: {len(body)}\r\n\r\n").encode() + body
         with processes([([sys.executable, "-c", code], env)], logs, "bare-litestar"):
             wait_until(lambda: _answers(port), timeout=60, what="the bare app")
-            run = asyncio.run(load(port, lambda: request, producers, seconds))
+            run = asyncio.run(load(port, lambda: request, producers, seconds, ok=202))
         return {"count": run.statuses.get(202, 0), "seconds": run.seconds,
                 "latencies": run.latencies}
 

@@ -4,7 +4,9 @@ Run from the repository root: `.venv/bin/python -m bench.peers [--quick]`.
 
 The peers are installed by this script into their own virtualenv under
 `~/.cache/taskward/bench-peers/` (never into taskward's), and driven by our own code
-(`bench/peer_drivers/`). Every system gets a fresh private database per workload:
+(`bench/peer_drivers/`), each workload at the system's best documented setting for it
+(PgQueuer: `batch_size` 8 for the drain, 1 for latency). Every system gets a fresh
+private database per workload:
 - drain: `--jobs` no-op jobs bulk-inserted, `ANALYZE`, then 2 worker processes × 16
   slots started; jobs/s from the first job's start to the last finish, each
   process's time from spawn to its first job (taskward: `taskward sweeper`), and the
@@ -12,17 +14,21 @@ The peers are installed by this script into their own virtualenv under
   and of their PostgreSQL backends (from /proc);
 - enqueue: 8 concurrent producers, one job per call, for `--seconds` (taskward: HTTP
   `POST /v1/responses` against `taskward serve`, one worker process as by default,
-  `--serve-workers` to change it); jobs/s and the
-  acknowledgement latency;
+  `--serve-workers` to change it); jobs/s and the acknowledgement latency, of
+  acknowledged calls only (an answer other than 202 is a problem of the run);
 - latency: 100 jobs/s one by one into 2 running workers × 16 slots; pickup (enqueue
   call -> job start) and end to end (enqueue call -> finish stamped in the database).
-Every job of every workload is checked to have finished (drain, latency) or been
-stored (enqueue) exactly once. Beside them, the raw one-row commit rate of the same
-PostgreSQL in the same run. Then taskward alone on SQLite, with a bare Litestar POST
-handler served the same way as the HTTP stack's ceiling. Rounds alternate the order
-of the systems; figures are medians over rounds. The machine is shared and noisy:
-read the ratios, which are printed last, beside the CPU the hypervisor stole from
-this VM during each system's rounds (`bench.steal`).
+A job's start is, for every system, the moment its job function (taskward: the
+bench's plug-in engine, `bench/noop_engine.py`) is entered, noted by it in a file of
+its own. Every job of every workload is checked to have finished (drain, latency),
+each executed once by those notes, or been stored (enqueue) exactly once. Beside
+them, the raw one-row commit rate of the same PostgreSQL in the same run. Then
+taskward alone on SQLite, with a bare Litestar POST handler served the same way as
+the HTTP stack's ceiling. Rounds rotate the order of the systems (3 by default: each
+of the three PostgreSQL systems once in each position); figures are medians over
+rounds. The machine is shared and noisy: read the ratios, which are printed last,
+beside the CPU the hypervisor stole from this VM during each system's rounds
+(`bench.steal`).
 """
 
 from __future__ import annotations
@@ -63,6 +69,8 @@ PEER_REQUIREMENTS = ("procrastinate==3.10.0", "pgqueuer==1.6.0",
                      "typer<0.29",  # pgqueuer 1.6's CLI breaks on typer 0.29
                      "asyncpg==0.32.0", "psycopg[binary,pool]==3.3.*")
 WORKERS, SLOTS, PRODUCERS, RATE = 2, 16, 8, 100.0
+# One full rotation of the three PostgreSQL systems' order: each runs once in each slot.
+ROUNDS = 3
 # How often the bench asks whether the jobs are done, each time on a new connection (a
 # PostgreSQL backend started and a count): at 50 per second, as before, that took CPU
 # from the drain it watched on this 2-core box. The figures come from the jobs' own
@@ -78,7 +86,8 @@ class System(Protocol):
 
     def database(self, workdir: Path) -> Any: ...
     def fill(self, url: str, count: int) -> None: ...
-    def workers(self, url: str, count: int, slots: int, logs: Path) -> Any: ...
+    def workers(self, url: str, count: int, slots: int, logs: Path,
+                workload: str) -> Any: ...
     def enqueue(self, url: str, producers: int, seconds: float,
                 logs: Path) -> dict[str, Any]: ...
     def paced(self, url: str, rate: float, count: int,
@@ -139,6 +148,9 @@ def exactly_once(name: str, timeline: Timeline, expected: set[str] | int) -> lis
                         f"{len(timeline.executions)} executed of {count}")
     if isinstance(expected, set) and set(timeline.finishes) != expected:
         problems.append(f"{name}: the finished jobs are not the enqueued ones")
+    reclaimed = [job for job, claims in (timeline.claims or {}).items() if claims != 1]
+    if reclaimed:
+        problems.append(f"{name}: {len(reclaimed)} job(s) claimed more than once")
     return problems
 
 
@@ -199,7 +211,7 @@ def drain(system: System, workdir: Path, jobs: int, figures: Figures) -> None:
         analyze(url)
         database = make_url(url).database or ""
         served = server_cpu(database)  # none of the workers' yet
-        with system.workers(url, WORKERS, SLOTS, logs) as children, \
+        with system.workers(url, WORKERS, SLOTS, logs, "drain") as children, \
                 CpuSamples([child.process.pid for child in children]) as samples:
             wait_until(lambda: system.finished(url) >= jobs, timeout=900,
                        what=f"{system.name} drained", every=_POLL_SECONDS)
@@ -228,8 +240,12 @@ def enqueue(system: System, workdir: Path, seconds: float, figures: Figures) -> 
     if stored != result["count"]:
         figures.problems.append(f"{system.name}: {result['count']} acknowledged, "
                                 f"{stored} stored")
+    refused = {status: n for status, n in result.get("statuses", {}).items() if status != 202}
+    if refused:  # the peers' producers stop at an enqueue error
+        figures.problems.append(f"{system.name}: {sum(refused.values())} enqueue call(s) "
+                                f"not acknowledged (statuses {refused})")
     figures.enqueue.append(result["count"] / result["seconds"])
-    latencies = [x * 1000 for x in result["latencies"]]
+    latencies = [x * 1000 for x in result["latencies"]]  # acknowledged calls only
     figures.ack_ms.append((percentile(latencies, 0.5), percentile(latencies, 0.99)))
 
 
@@ -237,7 +253,7 @@ def latency(system: System, workdir: Path, count: int, figures: Figures) -> None
     logs = workdir / f"logs-{system.name}-latency-{time.time_ns()}"
     logs.mkdir()
     with system.database(workdir) as url:
-        with system.workers(url, WORKERS, SLOTS, logs) as children:
+        with system.workers(url, WORKERS, SLOTS, logs, "latency") as children:
             warm = system.paced(url, RATE, 20, logs)  # start-up is the drain's figure
             sent = system.paced(url, RATE, count, logs)
             total = len(warm) + len(sent)
@@ -335,11 +351,24 @@ def ratio_lines(results: dict[str, Figures], ours: str, peers: list[str],
     return lines
 
 
+def order_of(systems: list[System], round_index: int) -> list[System]:
+    """The systems' order in round `round_index`: rotated by one each round, so that over
+    a whole number of rotations (`--rounds` a multiple of the systems' count) each
+    system runs once in each position."""
+    shift = round_index % len(systems)
+    return systems[shift:] + systems[:shift]
+
+
+def over_rounds(rounds: int) -> str:
+    """What a figure is over the rounds (`median` of two values is their mean)."""
+    return {1: "1 round", 2: "mean of 2 rounds"}.get(rounds, f"median of {rounds} rounds")
+
+
 def run_rounds(systems: list[System], rounds: int, workdir: Path, args: argparse.Namespace,
                extra: Callable[[int], None] = lambda _r: None) -> dict[str, Figures]:
     results = {system.name: Figures() for system in systems}
     for r in range(rounds):
-        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        order = order_of(systems, r)
         steps = {"drain": lambda s: drain(s, workdir, args.jobs, results[s.name]),
                  "enqueue": lambda s: enqueue(s, workdir, args.seconds, results[s.name]),
                  "latency": lambda s: latency(s, workdir, args.latency_jobs, results[s.name])}
@@ -358,7 +387,7 @@ def postgres_section(pg: list[System], workdir: Path, args: argparse.Namespace) 
     ceilings: list[float] = []
     results = run_rounds(pg, args.rounds, workdir, args,
                          extra=lambda _r: ceilings.append(raw_ceiling()))
-    print(f"\nPostgreSQL, medians of {args.rounds} round(s); raw one-row commits "
+    print(f"\nPostgreSQL, each figure the {over_rounds(args.rounds)}; raw one-row commits "
           f"{median(ceilings):,.0f}/s in the same run")
     print("\n".join(table(results) + drain_cpu_lines(results) + steal_lines(results)))
     if "taskward" in results:
@@ -377,7 +406,8 @@ def sqlite_section(workdir: Path, args: argparse.Namespace) -> list[Figures]:
         bare.enqueue.append(result["count"] / result["seconds"])
         bare.ack_ms.append(_quantiles([x * 1000 for x in result["latencies"]]))
     print(f"\nSQLite: taskward alone (`taskward run` for latency), beside a bare Litestar "
-          f"POST handler served the same way ({args.sqlite_workers} granian worker(s))")
+          f"POST handler served the same way ({args.sqlite_workers} granian worker(s)); "
+          f"each figure the {over_rounds(args.rounds)}")
     print("\n".join(table(results) + drain_cpu_lines(results) + steal_lines(results)))
     ours = median(results["taskward-sqlite"].enqueue)
     print(f"taskward-sqlite POST / bare Litestar POST: {times(ours / median(bare.enqueue))}")
@@ -391,7 +421,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--latency-jobs", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--systems", default="taskward,procrastinate,pgqueuer,sqlite")
     parser.add_argument("--workloads", default="drain,enqueue,latency")
     # One store writer: a second API process splits the group commit in two (both

@@ -1,4 +1,4 @@
-"""Sweeper start-up: spawn -> first claim, and the CPU it costs (issue 15).
+"""Sweeper start-up: spawn -> first job, and the CPU it costs (issue 15).
 
 Run from the repository root: `.venv/bin/python -m bench.startup [--spawns N]
 [--store postgresql|sqlite] [--tasks N] [--checkout DIR ...]`. For each checkout (by
@@ -10,14 +10,15 @@ that two checkouts share the machine's load, it prints:
   the code (the interpreter's exit is not counted);
 - import CPU: `python -c` of what `taskward sweeper` imports before it claims (its
   command's module, the loop, the bench's plug-in engine, PostgreSQL's driver);
-- spawn -> first claim: `taskward sweeper` spawned against a private database already
-  holding `--tasks` queued no-op tasks (the plug-in engine of `tests/engines.py`), until
-  the `response.loading` stamp of its first claim, as `bench/peers.py`'s drain measures
-  it; spawn -> first completion, its first `response.completed` stamp; and the
-  process's CPU seconds (all threads, `/proc/PID/task/*/schedstat` sampled every
-  millisecond) at the first claim's stamp; and the difference of those two, spawn by
-  spawn: the time before the claim the sweeper spent off a CPU (waiting on the store,
-  or on the machine's other work), which a start that only waits less shortens.
+- spawn -> first job: `taskward sweeper` spawned against a private database already
+  holding `--tasks` queued no-op tasks (the plug-in engine of `bench/noop_engine.py`),
+  until its engine is first entered (the time the engine notes, as a peer's job
+  function notes it), as `bench/peers.py`'s drain measures it; spawn -> first
+  completion, its first `response.completed` stamp; and the process's CPU seconds
+  (all threads, `/proc/PID/task/*/schedstat` sampled every millisecond) at that first
+  job; and the difference of those two, spawn by spawn: the time before its first job
+  the sweeper spent off a CPU (waiting on the store, or on the machine's other work),
+  which a start that only waits less shortens.
 
 Each checkout's bytecode is written first (`compileall`), as an installed package has
 it: this machine's shells export PYTHONDONTWRITEBYTECODE=1, under which every spawn
@@ -30,7 +31,6 @@ checkouts alternately, in the same minutes, and note the load average printed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -46,10 +46,11 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-import tests.engines  # noqa: F401  registers the `test.words` engine its model names
+from bench import noop_engine
+from bench.peer_systems import fill_queue
 from core.models_registry import register
 from core.settings import Settings
-from core.store.births import NewTask, insert_task
+from core.store.clients import create_client
 from core.store.connect import create_db_engine
 from core.store.database import Database
 from infra.migrate import upgrade
@@ -57,15 +58,15 @@ from tests.databases import private_pg_database
 from tests.scheduler.processes import ROOT, environment
 
 MODEL = "noop"
-REQUEST = json.dumps({"model": MODEL, "input": "words=1"})
 # What `taskward sweeper` imports before it claims: its command, the loop, the plug-in
 # engine and PostgreSQL's driver (imported when the engine is created).
 SWEEPER_IMPORTS = ("from infra.cli import main; main.get_command(None, 'sweeper'); "
-                   "import scheduler.loop, tests.engines, sqlalchemy.dialects.postgresql.psycopg, "
+                   "import scheduler.loop, bench.noop_engine, "
+                   "sqlalchemy.dialects.postgresql.psycopg, "
                    "psycopg")
-_FIRSTS = text("SELECT e.type, min(e.created_at) FROM task_events e JOIN tasks t ON t.id = "
-               "e.task_id WHERE t.node_id = :node AND e.type IN ('response.loading', "
-               "'response.completed') GROUP BY e.type")
+_FIRST_COMPLETION = text("SELECT min(e.created_at) FROM task_events e JOIN tasks t ON "
+                         "t.id = e.task_id WHERE t.node_id = :node "
+                         "AND e.type = 'response.completed'")
 _QUEUED = text("SELECT count(*) FROM tasks WHERE status = 'queued'")
 PACKAGES = ("core", "scheduler", "infra", "tests")
 
@@ -90,10 +91,10 @@ class Checkout:
 
 @dataclass(frozen=True)
 class Spawn:
-    """One sweeper start: milliseconds from spawn to its first claim and first
-    completion, and its CPU seconds when the claim was seen."""
+    """One sweeper start: milliseconds from spawn to its first job (engine entered) and
+    first completion, and its CPU seconds at that first job."""
 
-    claim_ms: float
+    first_job_ms: float
     completion_ms: float
     cpu_s: float
 
@@ -126,9 +127,9 @@ def process_cpu(pid: int) -> float:
 
 
 class CpuSampler(threading.Thread):
-    """Samples a process's CPU every millisecond: its CPU at a moment stamped in the
-    database (the first claim) is then read off the samples, not at the later moment
-    the bench saw the stamp."""
+    """Samples a process's CPU every millisecond: its CPU at a moment it stamped (its
+    first job) is then read off the samples, not at the later moment the bench saw the
+    stamp."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
@@ -149,9 +150,18 @@ class CpuSampler(threading.Thread):
         return max((cpu for at, cpu in self.samples if at <= epoch_ms), default=0.0)
 
 
+@dataclass(frozen=True)
+class Queue:
+    """A migrated private database with the no-op model registered, and the client
+    whose tasks fill it."""
+
+    settings: Settings
+    client_id: str
+
+
 @contextmanager
-def queue(store: str, workdir: Path) -> Iterator[Settings]:
-    """A migrated private database with the no-op model registered."""
+def queue(store: str, workdir: Path) -> Iterator[Queue]:
+    """A migrated private database with the no-op model and a client registered."""
     models_dir = workdir / "models"
     models_dir.mkdir()
     (models_dir / "noop.bin").write_bytes(b"no-op model\n")
@@ -160,10 +170,11 @@ def queue(store: str, workdir: Path) -> Iterator[Settings]:
         db = Database(create_db_engine(settings))
         try:
             upgrade(db.engine)
-            register(db, models_dir, "noop.bin", model_id=MODEL, engine="test.words")
+            register(db, models_dir, "noop.bin", model_id=MODEL, engine=noop_engine.NAME)
+            client = create_client(db, name="bench", scopes=frozenset({"responses:create"}))
         finally:
             db.dispose()
-        yield settings
+        yield Queue(settings, client.client_id)
 
 
 @contextmanager
@@ -171,22 +182,23 @@ def _sqlite(workdir: Path) -> Iterator[str]:
     yield f"sqlite:///{workdir / 'startup.db'}"
 
 
-def top_up(db: Database, tasks: int) -> None:
-    with db.write() as conn:
+def top_up(db: Database, queued: Queue, tasks: int, spawn: str) -> None:
+    """Bring the queue back to `tasks` queued no-op tasks (tagged by `spawn`)."""
+    with db.read() as conn:
         missing = tasks - int(conn.execute(_QUEUED).scalar_one())
-        now = db.clock.now_ms()
-        for _ in range(missing):
-            insert_task(db, conn, NewTask(client_id="bench", model=MODEL, request_json=REQUEST),
-                        now)
+    fill_queue(db, queued.settings, queued.client_id,
+               [f"{spawn}-{i}" for i in range(missing)])
 
 
 def spawn_sweeper(checkout: Checkout, db: Database, env: dict[str, str], node: str,
                   logs: Path) -> Spawn:
     """Spawn one sweeper as node `node`, wait for its first completion, stop it."""
+    executions = logs / f"{node}.executions"
     with (logs / f"{node}.log").open("wb") as log:
         spawned = time.time() * 1000
         child = subprocess.Popen([checkout.taskward, "sweeper"],
-                                 env=checkout.env({**env, "TASKWARD_NODE_ID": node}),
+                                 env=checkout.env({**env, "TASKWARD_NODE_ID": node,
+                                                   noop_engine.LOG_VARIABLE: str(executions)}),
                                  cwd=checkout.root, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True)
         sampler = CpuSampler(child.pid)
@@ -195,11 +207,11 @@ def spawn_sweeper(checkout: Checkout, db: Database, env: dict[str, str], node: s
             deadline = time.monotonic() + 60
             while True:
                 with db.read() as conn:
-                    firsts: dict[str, int] = dict(conn.execute(_FIRSTS, {"node": node}).all())
-                if "response.completed" in firsts:
-                    claimed = firsts["response.loading"]
-                    return Spawn(claimed - spawned, firsts["response.completed"] - spawned,
-                                 sampler.at(claimed))
+                    completed = conn.execute(_FIRST_COMPLETION, {"node": node}).scalar()
+                if completed is not None:
+                    entered = min(at for _, at in noop_engine.read_executions(executions))
+                    return Spawn(entered * 1000 - spawned, completed - spawned,
+                                 sampler.at(entered * 1000))
                 if child.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the sweeper completed nothing; see {log.name}")
                 time.sleep(0.005)
@@ -231,15 +243,16 @@ def main() -> None:
             for name, (code, *flags) in floors.items():
                 cpu[checkout, name].append(child_cpu(checkout, code, *flags))
     runs: dict[Checkout, list[Spawn]] = defaultdict(list)
-    with tempfile.TemporaryDirectory() as workdir, queue(args.store, Path(workdir)) as settings:
-        db = Database(create_db_engine(settings))
-        env = environment(settings, worker_concurrency=16)
+    with tempfile.TemporaryDirectory() as workdir, queue(args.store, Path(workdir)) as queued:
+        db = Database(create_db_engine(queued.settings))
+        env = environment(queued.settings, worker_concurrency=16,
+                          engine_modules=noop_engine.MODULE)
         try:
             for index in range(args.spawns):
                 for number, checkout in enumerate(checkouts):
-                    top_up(db, args.tasks)
-                    runs[checkout].append(spawn_sweeper(checkout, db, env,
-                                                        f"startup-{number}-{index}",
+                    node = f"startup-{number}-{index}"
+                    top_up(db, queued, args.tasks, node)
+                    runs[checkout].append(spawn_sweeper(checkout, db, env, node,
                                                         Path(workdir)))
         finally:
             db.dispose()
@@ -248,14 +261,14 @@ def main() -> None:
         for name in floors:
             print(f"  {name:<40} CPU {statistics.median(cpu[checkout, name]) * 1000:5.0f} ms")
         spawns = runs[checkout]
-        claim = statistics.median(run.claim_ms for run in spawns)
-        print(f"  taskward sweeper ({args.store}): spawn -> first claim {claim:.0f} ms "
-              f"(each: {', '.join(f'{run.claim_ms:.0f}' for run in spawns)})")
+        first_job = statistics.median(run.first_job_ms for run in spawns)
+        print(f"  taskward sweeper ({args.store}): spawn -> first job {first_job:.0f} ms "
+              f"(each: {', '.join(f'{run.first_job_ms:.0f}' for run in spawns)})")
         print(f"    -> first completion "
               f"{statistics.median(run.completion_ms for run in spawns):.0f} ms, CPU at "
-              f"the first claim {statistics.median(run.cpu_s for run in spawns) * 1000:.0f} ms")
-        print(f"    off a CPU before the first claim "
-              f"{statistics.median(run.claim_ms - run.cpu_s * 1000 for run in spawns):.0f} ms")
+              f"the first job {statistics.median(run.cpu_s for run in spawns) * 1000:.0f} ms")
+        print(f"    off a CPU before the first job "
+              f"{statistics.median(run.first_job_ms - run.cpu_s * 1000 for run in spawns):.0f} ms")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 

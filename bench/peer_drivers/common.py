@@ -29,6 +29,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rate", type=float, default=100.0)
+    # What a worker is started for: a driver runs each workload at its best setting.
+    parser.add_argument("--workload", choices=["drain", "latency"], default="drain")
     return parser.parse_args()
 
 

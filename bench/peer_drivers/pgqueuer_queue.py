@@ -1,6 +1,7 @@
 """PgQueuer 1.6 at its documented settings: asyncpg, an async no-op entrypoint,
-`PgQueuer.run(batch_size=8, max_concurrent_tasks=N)` (its dequeue needs
-`max_concurrent_tasks >= 2 * batch_size`), durable tables (the default).
+`PgQueuer.run(batch_size=B, max_concurrent_tasks=N)` (its dequeue needs
+`max_concurrent_tasks >= 2 * batch_size`), durable tables (the default). B is its best
+setting for each workload (`batch_size`).
 
 `python -m bench.peer_drivers.pgqueuer_queue STEP --dsn DSN …` (see `common`).
 """
@@ -13,25 +14,26 @@ import asyncpg
 from pgqueuer import AsyncpgDriver, AsyncpgPoolDriver, Job, PgQueuer, Queries
 
 from bench.peer_drivers.common import Executions, arguments, emit, paced, produce
+from bench.peer_drivers.settings import batch_size
 
 FILL_CHUNK = 1000
 PAYLOAD = b'{"i": 0}'
 
 
-async def worker(dsn: str, slots: int, executions: Executions) -> None:
+async def worker(dsn: str, slots: int, workload: str, executions: Executions) -> None:
     queuer = PgQueuer(AsyncpgDriver(await asyncpg.connect(dsn)))
 
     @queuer.entrypoint("noop")
     async def noop(job: Job) -> None:
         executions.record(job.id)
 
-    await queuer.run(batch_size=min(8, slots // 2), max_concurrent_tasks=slots)
+    await queuer.run(batch_size=batch_size(slots, workload), max_concurrent_tasks=slots)
 
 
 async def main() -> None:
     args = arguments()
     if args.step == "worker":
-        await worker(args.dsn, args.slots, Executions(args.log))
+        await worker(args.dsn, args.slots, args.workload, Executions(args.log))
         return
     # Producers get one pooled connection each.
     async with asyncpg.create_pool(args.dsn, min_size=args.producers,

@@ -11,12 +11,12 @@ import asyncio
 from procrastinate import App, JobContext, PsycopgConnector
 
 from bench.peer_drivers.common import Executions, arguments, emit, paced, produce
+from bench.peer_drivers.settings import pool_size
 
 FILL_CHUNK = 1000
 
 
 def make_app(dsn: str, pool_size: int, executions: Executions | None = None) -> App:
-    # Producers get one pooled connection each (the pool's default minimum is 4).
     app = App(connector=PsycopgConnector(conninfo=dsn, min_size=pool_size, max_size=pool_size))
 
     @app.task(name="noop", pass_context=True)
@@ -30,7 +30,7 @@ def make_app(dsn: str, pool_size: int, executions: Executions | None = None) -> 
 async def main() -> None:
     args = arguments()
     executions = Executions(args.log) if args.step == "worker" else None
-    app = make_app(args.dsn, max(2, args.producers), executions)
+    app = make_app(args.dsn, pool_size(args), executions)
     noop = app.tasks["noop"]
     async with app.open_async():
         if args.step == "setup":
