@@ -22,6 +22,7 @@ from core.engines.base import EngineError, ModelFile, ModelSource, UpstreamModel
 from core.engines.registry import is_known_engine
 from core.engines.sampling import sampling_metadata_error
 from core.engines.upstream.hosts import UrlRefused, check_allowed, normalized_base_url
+from core.engines.upstream.key_envs import KeyEnvRefused, check_key_env
 from core.errors import InvalidInput
 from core.model_files import file_digest, resolve_inside
 from core.store.database import Database
@@ -100,12 +101,15 @@ def register_upstream(
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     metadata: dict[str, str] | None = None,
     allowed_hosts: tuple[str, ...] = (),
+    allowed_key_envs: tuple[str, ...] = (),
 ) -> Row[Any]:
     """Add an upstream entry: servers speaking OpenAI's Chat Completions at `base_urls`.
 
     Refused (422, nothing stored): a URL that is not http(s)…/v1 or whose host
     `allowed_hosts` does not match, a `max_concurrency` outside 1..4096, an
-    `api_key_env` that is not a variable name, a `model` that is not 1..200 printable
+    `api_key_env` that is not a variable name, names taskward's or libpq's own
+    variables or is not matched by `allowed_key_envs` (`invalid_api_key_env`,
+    `core.engines.upstream.key_envs`), a `model` that is not 1..200 printable
     characters (`invalid_upstream_model`). The API and `taskward models add-upstream`
     leave these checks to this function, so both answer the same codes. The key itself
     is never read here.
@@ -118,9 +122,8 @@ def register_upstream(
     if not 0 < timeout_seconds <= 3600:
         raise InvalidInput("invalid_timeout", "timeout_seconds must be within (0, 3600]",
                            extra={"field": "upstream.timeout_seconds"})
-    if api_key_env is not None and not _ENV_NAME.match(api_key_env):
-        raise InvalidInput("invalid_api_key_env", "api_key_env must be an environment "
-                           "variable name", extra={"field": "upstream.api_key_env"})
+    if api_key_env is not None:
+        _check_api_key_env(api_key_env, allowed_key_envs)
     if not model or len(model) > 200 or not model.isprintable():
         raise InvalidInput("invalid_upstream_model", "the upstream model name is 1..200 "
                            "printable characters", extra={"field": "upstream.model"})
@@ -132,6 +135,16 @@ def register_upstream(
         "metadata_json": json.dumps(metadata or {}, separators=(",", ":")),
         "upstream_json": json.dumps(upstream, separators=(",", ":")),
         "max_concurrency": max_concurrency})
+
+
+def _check_api_key_env(name: str, allowed_key_envs: tuple[str, ...]) -> None:
+    try:
+        if not _ENV_NAME.match(name):
+            raise KeyEnvRefused("api_key_env must be an environment variable name")
+        check_key_env(name, allowed_key_envs)
+    except KeyEnvRefused as exc:
+        raise InvalidInput("invalid_api_key_env", exc.message,
+                           extra={"field": "upstream.api_key_env"}) from None
 
 
 def _checked_urls(base_urls: list[str], allowed_hosts: tuple[str, ...]) -> list[str]:

@@ -120,9 +120,12 @@ class Settings:
     engine_modules: str = ""
     # Upstream engines (docs/upstream.md): slots per process for upstream attempts, apart
     # from the local engine's; host patterns an upstream URL must match (comma-separated,
-    # `*` wildcards; empty: any host); how long a failing base URL is skipped.
+    # `*` wildcards; empty: any host); name patterns an entry's `api_key_env` must match
+    # (empty: any name but taskward's and libpq's own); how long a failing base URL is
+    # skipped.
     upstream_concurrency: Annotated[int, Meta(ge=1, le=4096)] = 64
     upstream_allowed_hosts: str = ""
+    upstream_key_envs: str = ""
     upstream_cooldown_seconds: Annotated[float, Meta(gt=0, le=3600)] = 10.0
 
     def __post_init__(self) -> None:
@@ -159,6 +162,11 @@ class Settings:
     def upstream_host_patterns(self) -> tuple[str, ...]:
         return tuple(p.strip().lower() for p in self.upstream_allowed_hosts.split(",")
                      if p.strip())
+
+    @property
+    def upstream_key_env_patterns(self) -> tuple[str, ...]:
+        """As written: environment variable names are case-sensitive."""
+        return tuple(p.strip() for p in self.upstream_key_envs.split(",") if p.strip())
 
     @property
     def is_sqlite(self) -> bool:

@@ -115,7 +115,8 @@ def _register_upstream(
                              model=upstream.model, api_key_env=upstream.api_key_env,
                              max_concurrency=upstream.max_concurrency,
                              timeout_seconds=upstream.timeout_seconds, metadata=data.metadata,
-                             allowed_hosts=settings.upstream_host_patterns)
+                             allowed_hosts=settings.upstream_host_patterns,
+                             allowed_key_envs=settings.upstream_key_env_patterns)
 
 
 @delete("/v1/models/{model_id:path}", opt=requires("models:admin"), tags=["models"])

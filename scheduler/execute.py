@@ -234,6 +234,7 @@ def engine_options(settings: Settings) -> EngineOptions:
                          host_lock=Path(settings.engine_host_lock) if settings.engine_host_lock
                          else None,
                          upstream_allowed_hosts=settings.upstream_host_patterns,
+                         upstream_key_envs=settings.upstream_key_env_patterns,
                          upstream_cooldown_seconds=settings.upstream_cooldown_seconds,
                          upstream_concurrency=settings.upstream_concurrency)
 

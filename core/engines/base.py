@@ -192,6 +192,7 @@ class EngineOptions:
     context_tokens: int = 8192
     host_lock: Path | None = None
     upstream_allowed_hosts: tuple[str, ...] = ()  # host patterns; empty: any host
+    upstream_key_envs: tuple[str, ...] = ()  # api_key_env patterns; empty: any allowed name
     upstream_cooldown_seconds: float = 10.0
     upstream_concurrency: int = 64  # the HTTP pool's connections to all upstreams
 

@@ -202,7 +202,8 @@ def models_add_upstream(
         row = register_upstream(db, model_id, base_urls=list(base_urls), model=upstream_model,
                                 api_key_env=api_key_env, max_concurrency=max_concurrency,
                                 timeout_seconds=timeout_seconds,
-                                allowed_hosts=settings.upstream_host_patterns)
+                                allowed_hosts=settings.upstream_host_patterns,
+                                allowed_key_envs=settings.upstream_key_env_patterns)
     emit(model_object(row), as_json=as_json)
 
 

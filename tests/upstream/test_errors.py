@@ -124,7 +124,7 @@ def test_a_prompt_longer_than_the_context_fails_at_once(
 
 
 def test_a_missing_key_variable_fails_at_once(db: Database, quick: Settings) -> None:
-    add_upstream(db, ["http://127.0.0.1:9/v1"], api_key_env="TASKWARD_TEST_UNSET_KEY")
+    add_upstream(db, ["http://127.0.0.1:9/v1"], api_key_env="UPSTREAM_TEST_UNSET_KEY")
     [task_id] = enqueue(db, max_output_tokens=4)
 
     run_until_finished(db, quick, task_id)

@@ -57,6 +57,7 @@ from core.engines.base import (
 )
 from core.engines.upstream import protocol, transport
 from core.engines.upstream.hosts import UrlRefused, check_allowed
+from core.engines.upstream.key_envs import KeyEnvRefused, check_key_env
 from core.engines.upstream.network import TlsHandshakeTimedOut
 from core.engines.upstream.routing import ROUTER, NoUrlNow, Router
 
@@ -309,9 +310,15 @@ class UpstreamLoaded:
                 last = failover.error
 
     def _headers(self) -> dict[str, str]:
+        """The key's header, or a non-retryable `upstream_key_missing`: an entry stored
+        before `key_envs`' rule (or the setting) may name a variable never to be sent."""
         name = self._entry.api_key_env
         if not name:
             return {}
+        try:
+            check_key_env(name, self._options.upstream_key_envs)
+        except KeyEnvRefused as exc:
+            raise EngineError(protocol.KEY_MISSING, exc.message, retryable=False) from None
         key = os.environ.get(name)
         if not key:
             raise EngineError(protocol.KEY_MISSING,
