@@ -9,7 +9,18 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, exists, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Row,
+    bindparam,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from core.clients import (
@@ -58,11 +69,16 @@ def redeem_pairing_code(db: Database, code: str, name: str | None = None) -> Iss
 
     Unknown, expired, used and burnt codes, and codes whose maker has been revoked,
     all fail alike (`invalid_pairing_code`), so a guesser learns nothing. A wrong
-    secret for a known code is counted in the same transaction that decides, and the
+    secret for a live code is counted in the same transaction that decides, and the
     count is committed even though the call fails.
+
+    Anyone may call this (`POST /v1/pair` needs no token), so a code that is not live
+    (no such id, spent, burnt, expired) is refused after a read: only a live one takes
+    a write turn, and a flood of made-up codes does not queue on SQLite's write lock.
+    The write decides again on what it reads itself, so a code spent in between fails.
     """
     parsed = parse_pairing_code(code)
-    if parsed is not None:
+    if parsed is not None and _is_live(db, parsed[0]):
         code_id, secret = parsed
         with db.write() as conn:
             now = db.clock.now_ms()
@@ -83,6 +99,15 @@ def redeem_pairing_code(db: Database, code: str, name: str | None = None) -> Iss
                              .values(failures=pairing_codes.c.failures + 1))
     raise Unauthorized("invalid_pairing_code",
                        "the pairing code is unknown, expired, already used or burnt")
+
+
+def _is_live(db: Database, code_id: str) -> bool:
+    """The code exists and could still be redeemed (its maker is checked by the write)."""
+    with db.read() as conn:
+        return conn.execute(select(pairing_codes.c.id).where(
+            pairing_codes.c.id == code_id, pairing_codes.c.used_at.is_(None),
+            pairing_codes.c.failures < MAX_PAIRING_FAILURES,
+            pairing_codes.c.expires_at > db.clock.now_ms())).first() is not None
 
 
 def _maker_not_revoked() -> ColumnElement[bool]:
@@ -144,8 +169,9 @@ def revocations(db: Database) -> Revocations:
     are revoked, the latest revocation, the latest change of limits).
 
     Processes that cache authenticated tokens re-read it to learn that their cache may
-    hold a revoked client or old limits; clients are never un-revoked and changes are
-    stamped with the clock, so it never goes back.
+    hold a revoked client or old limits; clients are never un-revoked (the count grows
+    with each revocation) and each change of limits is stamped later than every one
+    before it (`_limits_stamp`), so every revocation and change moves it.
     """
     with db.read() as conn:
         return _revocations(conn)
@@ -213,8 +239,26 @@ def set_limits(
             raise NotFound("client_not_found", "no such client")
         require_may_manage(by, scope_set(row.scopes))
         conn.execute(update(clients).where(clients.c.id == client_id)
-                     .values(**changes, limits_changed_at=db.clock.now_ms()))
+                     .values(**changes, limits_changed_at=_limits_stamp(db, conn)))
         return conn.execute(select(clients).where(clients.c.id == client_id)).one()
+
+
+# PostgreSQL's transaction-level advisory lock that changes of limits take turns on
+# (`_limits_stamp`); SQLite's write lock already makes every write take turns.
+_LIMITS_LOCK_KEY = 0x74775F6C696D6974  # "tw_limit"
+_LATEST_LIMITS_CHANGE = select(func.max(clients.c.limits_changed_at))
+
+
+def _limits_stamp(db: Database, conn: Connection) -> int:
+    """`limits_changed_at` for a change in this write transaction: now, or one past the
+    latest stamp when that is not earlier. The token caches learn of a change only when
+    the latest stamp grows (`revocations`); a change stamped by a clock behind another
+    node's, or in the same millisecond, must grow it all the same. Changes take turns
+    (rare: a lock costs nothing), so two never read the same latest stamp."""
+    if not db.single_writer:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LIMITS_LOCK_KEY})
+    latest = conn.execute(_LATEST_LIMITS_CHANGE).scalar()
+    return max(db.clock.now_ms(), (latest or 0) + 1)
 
 
 def first_start_admin_code(db: Database, settings: Settings) -> str | None:
