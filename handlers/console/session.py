@@ -2,7 +2,8 @@
 
 The cookie holds a random session secret (`core.console_sessions`), never the admin
 token. It is HttpOnly (no script reads it), SameSite=Strict (no other site's page makes
-the browser send it) and Secure when the request came over TLS. Console pages ask for
+the browser send it) and Secure when the request came over TLS, to taskward or to a
+proxy that says so (`_over_tls`). Console pages ask for
 the session as a dependency; the API accepts the cookie only for what the console's own
 pages fetch without a token: safe methods from a same-origin page, which the browser
 marks with `Sec-Fetch-Site: same-origin` (the live tail's `EventSource`, which cannot
@@ -126,11 +127,23 @@ def from_this_origin(request: Request[Any, Any, Any]) -> bool:
     return origin is None or urlsplit(origin).netloc == request.headers.get("host")
 
 
+def _over_tls(request: Request[Any, Any, Any]) -> bool:
+    """True when the browser reached us over TLS: the request's own scheme says so, or
+    the TLS-terminating proxy in front does, with `X-Forwarded-Proto: https` (its first
+    value: where proxies append, the one nearest the browser comes first). The header
+    is trusted as it is: a client that forges it only keeps its own browser from
+    sending the cookie over plain HTTP, which harms nobody."""
+    if request.url.scheme == "https":
+        return True
+    forwarded = request.headers.get("x-forwarded-proto", "")
+    return forwarded.split(",", 1)[0].strip().lower() == "https"
+
+
 def session_cookie(request: Request[Any, Any, Any], secret: str, max_age_s: int) -> Cookie:
     return Cookie(key=COOKIE, value=secret, path="/", max_age=max_age_s, httponly=True,
-                  samesite="strict", secure=request.url.scheme == "https")
+                  samesite="strict", secure=_over_tls(request))
 
 
 def cleared_cookie(request: Request[Any, Any, Any]) -> Cookie:
     return Cookie(key=COOKIE, value="", path="/", max_age=0, httponly=True, samesite="strict",
-                  secure=request.url.scheme == "https")
+                  secure=_over_tls(request))
