@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -453,14 +454,20 @@ def _engine_raised(
 def _engine_failed(
     db: Database, settings: Settings, attempt: Attempt, error: EngineError
 ) -> Outcome:
+    wait_ms = wait_ms_of(error)
     if isinstance(error, NotStarted):  # nothing was sent: not worth an attempt
-        delay_ms = int((error.retry_after_seconds or 0) * 1000)
-        worker_writes.release(db, attempt.task_id, attempt.claim.owner_token, delay_ms=delay_ms)
+        worker_writes.release(db, attempt.task_id, attempt.claim.owner_token, delay_ms=wait_ms)
         return Outcome.RELEASED
     if error.retryable:
-        floor_ms = int((error.retry_after_seconds or 0) * 1000)
-        return _retry(db, settings, attempt, error.code, error.message, floor_ms=floor_ms)
+        return _retry(db, settings, attempt, error.code, error.message, floor_ms=wait_ms)
     return _fail(db, attempt, error.code, error.message)
+
+
+def wait_ms_of(error: EngineError) -> int:
+    """The least wait `error` asks for, in whole milliseconds, rounded up past the
+    floating point's noise: truncated, a cool-down's 1.001 s left (1000.99… ms) brought
+    the task back a millisecond before its URL was usable, to be handed back once more."""
+    return math.ceil(round((error.retry_after_seconds or 0) * 1000, 6))
 
 
 def _retry(

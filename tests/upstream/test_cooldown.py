@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from core.clock import iso
-from core.engines.base import Chunk, EngineOptions, GenerationRequest, UpstreamModel
+from core.engines.base import Chunk, EngineError, EngineOptions, GenerationRequest, UpstreamModel
 from core.engines.registry import register_engine
 from core.engines.upstream.engine import NAME, OpenAIEngine
 from core.engines.upstream.protocol import UNAVAILABLE
@@ -26,6 +26,7 @@ from core.states import OnRestart, Status
 from core.store import claims, worker_writes
 from core.store.database import Database
 from scheduler import workers
+from scheduler.execute import wait_ms_of
 from scheduler.loop import SweeperLoop
 from scheduler.workers import Workers
 from tests.clocks import HandClock
@@ -277,3 +278,9 @@ def test_a_server_that_stays_down_costs_one_attempt_per_cool_down_not_one_per_ta
                 if data["reason"] == "released" and at < stopping_at]  # not the stop's
     assert released
     assert all(data["run_at"] > iso(at) for at, data in released)
+
+
+def test_the_wait_an_engine_error_asks_for_is_rounded_up_to_whole_milliseconds() -> None:
+    waits = [wait_ms_of(EngineError(UNAVAILABLE, "x", retryable=True,
+                                    retry_after_seconds=ms / 1000)) for ms in range(1, 5000)]
+    assert waits == list(range(1, 5000))
