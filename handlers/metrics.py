@@ -1,16 +1,17 @@
 """`GET /metrics`: the queue's figures in the Prometheus text format.
 
-Open like the probes (aggregate counts only: no ids, payloads or client names), so a
-scraper needs no token. Figures come from the store at scrape time
-(`core.store.queue_stats`), the same from every process; what to alert on is in
-docs/operations.md.
+Open like the probes, so a scraper needs no token: counts, plus the upstream models'
+ids and base URLs as labels of their series (never a task or client id, a payload, a
+key or a client name), which is why docs/operations.md keeps it on the monitoring
+network. Figures come from the store at scrape time (`core.store.queue_stats`), the
+same from every process; what to alert on is in docs/operations.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from litestar import Response, get
+from litestar import Response, get, head
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -38,17 +39,21 @@ class _Snapshot(Collector):
         for status, count in stats.by_status.items():
             by_status.add_metric([status.value], count)
         yield by_status
-        yield GaugeMetricFamily("taskward_tasks_due",
-                                "Queued tasks whose run_at has come.", value=stats.due)
-        # Due means `run_at <= now`, read with this same `now`: never negative.
-        waited_ms = 0 if stats.oldest_due_at is None else self._now_ms - stats.oldest_due_at
+        yield GaugeMetricFamily(
+            "taskward_tasks_due",
+            "Tasks a claim may take now: queued ones whose run_at has come, and running "
+            "ones handed back without a lease.", value=stats.due)
+        # A hand-back's time comes from the clock of the process that wrote it, which
+        # may run a little ahead of this one's: a wait is never below 0.
+        waited_ms = 0 if stats.oldest_due_at is None else max(
+            0, self._now_ms - stats.oldest_due_at)
         yield GaugeMetricFamily("taskward_oldest_due_task_age_seconds",
                                 "How long the longest-waiting due task has waited (0: none).",
                                 value=waited_ms / 1000)
         yield GaugeMetricFamily(
             "taskward_expired_leases",
-            "Leased tasks past their lease that no sweeper has taken back yet.",
-            value=stats.expired_leases)
+            "Tasks a sweeper pass must take back: leases past their end, and cancelling "
+            "tasks nobody holds.", value=stats.expired_leases)
         yield GaugeMetricFamily("taskward_dead_letters",
                                 "Failed tasks whose attempts were spent.",
                                 value=stats.dead_letters)
@@ -98,4 +103,12 @@ async def metrics(services: Services) -> Response[bytes]:
     return Response(await blocking(_exposition, services.db), media_type=_TEXT_FORMAT)
 
 
-ROUTES = [metrics]
+@head("/metrics", opt=PUBLIC_ROUTE, tags=["health"], media_type=_TEXT_FORMAT)
+async def metrics_head(services: Services) -> None:
+    """`/metrics` for HEAD, as the probes answer it (HTTP requires it of GET resources;
+    a load balancer or uptime check probing with HEAD saw 405): the scrape is read and
+    dropped, so the status is the one GET would answer."""
+    await blocking(_exposition, services.db)
+
+
+ROUTES = [metrics, metrics_head]
