@@ -47,8 +47,10 @@ class Overview:
 
     @property
     def oldest_due_wait_ms(self) -> int | None:
+        """Never below 0: a hand-back is stamped by the clock of the process that wrote
+        it, which may run ahead of this one's (as `/metrics` reads it)."""
         at = self.stats.oldest_due_at
-        return None if at is None else self.now - at
+        return None if at is None else max(0, self.now - at)
 
 
 def overview(db: Database, now: int) -> Overview:

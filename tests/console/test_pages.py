@@ -13,6 +13,9 @@ from core.settings import Settings
 from core.states import Status
 from core.store.clients import create_client
 from core.store.database import Database
+from core.store.queue_stats import QueueStats
+from handlers.console.chart import Chart
+from handlers.console.reads import Overview
 from handlers.console.render import html
 from tests.api.helpers import complete_due
 from tests.console.helpers import Console, dead_letter, running
@@ -205,3 +208,13 @@ def test_an_asset_of_no_such_name_is_not_found_however_long(console: Console) ->
     for name in ("nope.css", "a" * 65 + ".js", "x" * 2000):
         answer = console.http.get(f"/console/static/{name}")
         assert answer.status_code == 404 and "asset_not_found" in answer.text
+
+
+def test_the_oldest_wait_is_never_below_zero_when_a_hand_back_was_stamped_ahead() -> None:
+    """A hand-back is stamped by the clock of the process that wrote it, which may run
+    ahead of the console's."""
+    stats = QueueStats(by_status={}, due=1, oldest_due_at=10_500, expired_leases=0,
+                       dead_letters=0)
+    chart = Chart(width=0, height=0, bars=[], peak=0, completed=0, failed=0, minutes=0)
+    assert Overview(now=10_000, stats=stats, chart=chart).oldest_due_wait_ms == 0
+    assert Overview(now=12_000, stats=stats, chart=chart).oldest_due_wait_ms == 1_500
