@@ -291,6 +291,11 @@ def check_database_url(url: str) -> None:
         if not parsed.database or parsed.database == ":memory:":
             raise _bad_url("it names no database file")
     elif backend == "postgresql":
+        if parsed.host and "@" in parsed.host:
+            # SQLAlchemy ends the password at its first `@`: the rest of it would be
+            # read as the host and printed in every "failed to resolve host" error.
+            raise _bad_url("the password holds an `@` that is not percent-encoded; "
+                           "write it as %40")
         if driver not in ("", "psycopg"):
             raise _bad_url(f"the PostgreSQL driver {driver} is not psycopg")
         if port is not None and not 1 <= port <= 65535:
