@@ -81,7 +81,11 @@ def upgrade(engine: Engine) -> str:
     of several migrates of a new file. On PostgreSQL a transaction-level advisory lock
     makes processes starting together take turns; it ends with the transaction, however
     that ends, where an unlock after a failed migration met the aborted transaction
-    and its error hid the migration's.
+    and its error hid the migration's. Before it, the transaction drops any
+    `lock_timeout` and `statement_timeout` a DBA set on the role or database (`SET
+    LOCAL`, this transaction only): a default meant for requests would end the turn-
+    taking wait of every migrate but the first (init containers migrating together)
+    and could cut short a long migration the operator chose to run.
 
     A migration that fails leaves the schema where it was (the transaction rolls back)
     and raises `SchemaMismatch`, `schema_behind` (the schema stays behind head), naming
@@ -91,6 +95,8 @@ def upgrade(engine: Engine) -> str:
     try:
         with Database(engine).write() as connection:
             if connection.dialect.name == "postgresql":
+                connection.execute(text("SET LOCAL lock_timeout = 0"))
+                connection.execute(text("SET LOCAL statement_timeout = 0"))
                 connection.execute(text("SELECT pg_advisory_xact_lock(:k)"),
                                    {"k": _ADVISORY_LOCK_KEY})
             start = current_revision(connection)
@@ -107,25 +113,47 @@ def upgrade(engine: Engine) -> str:
     return head_revision()
 
 
+# What to do when PostgreSQL refuses a migration for the database's privileges or
+# configuration, by SQLSTATE: the operator's to mend, where any other failure is a
+# fault of this version's migrations (or of the store it met).
+_NEXT_STEP_BY_SQLSTATE = {
+    "42501": (  # insufficient_privilege: PostgreSQL 15's default for a non-owner on public
+        "grant this role CREATE on the schema (GRANT CREATE ON SCHEMA public TO <role>) "
+        "or point TASKWARD_DATABASE_URL at a database the role owns, then run `taskward "
+        "migrate` again"),
+    "3F000": (  # invalid_schema_name: a search_path that names no schema there is
+        "set the role's or database's search_path (or the URL's `options`) to a schema "
+        "that exists and the role may create in, then run `taskward migrate` again"),
+}
+_REPORT_IT = ("run the version that wrote it (or restore the backup taken before the "
+              "upgrade) and report this line")
+
+
 def _failed_migration(exc: DBAPIError) -> bool:
     """Whether `exc` is a migration's own failure rather than a store outage. SQLite
     raises a statement's fault (a table or index that is there already, a column that
     is missing) as `OperationalError`, as it does a locked or read-only file: its
-    primary result code tells them apart."""
+    primary result code tells them apart. A privilege PostgreSQL refuses is the
+    migration's too, though a request meeting it is told as an outage."""
     code = getattr(exc.orig, "sqlite_errorcode", None)
-    return not is_store_outage(exc) or (code is not None and code & 0xFF == _SQLITE_ERROR)
+    return (not is_store_outage(exc) or _sqlstate(exc) in _NEXT_STEP_BY_SQLSTATE
+            or (code is not None and code & 0xFF == _SQLITE_ERROR))
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    return getattr(exc.orig, "sqlstate", None)
 
 
 def _migration_failed(exc: DBAPIError, start: str | None) -> SchemaMismatch:
     cause = exc.orig or exc
     said = next(iter(str(cause).strip().splitlines()), "")
     at = start or "nothing"
+    todo = _NEXT_STEP_BY_SQLSTATE.get(_sqlstate(exc) or "", _REPORT_IT)
     return SchemaMismatch(
         "schema_behind",
         f"migrating the schema from {at} to {head_revision()} failed "
         f"({type(cause).__name__}: {said}); nothing was changed, the schema is still at "
-        f"{at}: run the version that wrote it (or restore the backup taken before the "
-        "upgrade) and report this line",
+        f"{at}: {todo}",
     )
 
 
