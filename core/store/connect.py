@@ -17,7 +17,7 @@ from sqlalchemy.exc import DisconnectionError
 from core.clock import Clock
 from core.settings import Settings, SettingsError
 from core.store.database import Database
-from core.store.libpq import closed_while_idle, with_bounds
+from core.store.libpq import closed_while_idle, unknown_options, with_bounds
 
 
 def create_db_engine(settings: Settings) -> Engine:
@@ -35,6 +35,12 @@ def create_db_engine(settings: Settings) -> Engine:
         )
         _configure_sqlite(engine, settings)
         return engine
+    unknown = unknown_options(url)
+    if unknown:
+        raise SettingsError(
+            f"TASKWARD_DATABASE_URL: unknown connection option {', '.join(unknown)} "
+            "(libpq's: https://www.postgresql.org/docs/current/libpq-connect.html"
+            "#LIBPQ-PARAMKEYWORDS); correct or remove it")
     # No HSTORE column exists: without `use_native_hstore` the dialect's first connection
     # looks the type up (one more round trip before a process's first statement).
     engine = create_engine(with_bounds(url, settings.store_wait_seconds),

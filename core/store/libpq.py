@@ -54,6 +54,19 @@ def with_bounds(url: URL, wait_seconds: float) -> URL:
     return url.update_query_dict(query)
 
 
+def unknown_options(url: URL) -> list[str]:
+    """The keys of `url`'s query that are no libpq connection option (a misspelled
+    `connect_timeot`), in order. libpq refuses such a key at every connect, and the
+    refusal came out of each command as a driver's traceback; found before the first
+    connect, it is a configuration error naming the key (never the URL: it may hold a
+    password). Every key of the query is passed on to libpq by SQLAlchemy's psycopg
+    dialect."""
+    from psycopg import pq  # SQLite processes never load psycopg
+
+    known = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+    return [key for key in url.query if key not in known]
+
+
 def libpq_conninfo(engine: Engine) -> str:
     """The libpq connection string the PostgreSQL `engine`'s pool connects with (its
     URL's query too: the bounds above, an operator's `options`), for the connections
