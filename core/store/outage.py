@@ -12,6 +12,11 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 # by an operator, or by a managed service whose storage is nearly full). psycopg raises
 # it as an `InternalError`. Reads still work.
 _READ_ONLY = "25006"
+# PostgreSQL's insufficient_privilege on a store table: a role granted SELECT alone (or
+# nothing) on taskward's tables. Like a read-only server it is mended by an operator
+# (a GRANT), not by a change of taskward's; psycopg raises it as a `ProgrammingError`.
+_INSUFFICIENT_PRIVILEGE = "42501"
+_REFUSALS = (_READ_ONLY, _INSUFFICIENT_PRIVILEGE)
 _CAUSES_LOOKED_AT = 8  # chains are short; a cycle of causes must not loop for ever
 
 
@@ -19,10 +24,17 @@ def is_store_outage(exc: BaseException) -> bool:
     """The driver's `OperationalError` (a refused or lost connection, a full disk, a
     locked SQLite file), any driver error after which SQLAlchemy dropped the connection
     (PostgreSQL ending a transaction left idle past its bound is an `InternalError`), or
-    a refused write (`_READ_ONLY`)."""
+    a refused write or read (`_READ_ONLY`, `_INSUFFICIENT_PRIVILEGE`)."""
     return isinstance(exc, OperationalError) or (
         isinstance(exc, DBAPIError) and (
-            exc.connection_invalidated or getattr(exc.orig, "sqlstate", None) == _READ_ONLY))
+            exc.connection_invalidated or getattr(exc.orig, "sqlstate", None) in _REFUSALS))
+
+
+def is_privilege_refused(exc: BaseException) -> bool:
+    """Whether `exc` is PostgreSQL refusing this role a store table (`42501`): the one
+    outage whose next step is a GRANT, not a check of the server."""
+    return (isinstance(exc, DBAPIError)
+            and getattr(exc.orig, "sqlstate", None) == _INSUFFICIENT_PRIVILEGE)
 
 
 def outage_behind(exc: BaseException) -> BaseException | None:

@@ -12,13 +12,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, DBAPIError
 
 from core.engines.registry import import_engine_modules
 from core.errors import DomainError, unstorable_value
 from core.settings import Settings, load_settings
 from core.store.connect import open_database
 from core.store.database import Database
+from core.store.outage import is_privilege_refused
 from infra.migrate import check_schema
 
 
@@ -27,12 +28,32 @@ def database(settings: Settings, *, check: bool = True) -> Iterator[Database]:
     """An open database, schema-checked unless `check` is False (migrate itself)."""
     db = open_database(settings)
     try:
-        if check:
-            with domain_errors():
-                check_schema(db.engine)
-        yield db
+        with privileges_named():
+            if check:
+                with domain_errors():
+                    check_schema(db.engine)
+            yield db
     finally:
         db.dispose()
+
+
+@contextmanager
+def privileges_named() -> Iterator[None]:
+    """Turn PostgreSQL refusing this role a store table into one line with the GRANT
+    to make, and exit status 1; the other outages keep the CLI's line that says to
+    check the server."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if not is_privilege_refused(exc):
+            raise
+        cause = exc.orig or exc
+        said = next(iter(str(cause).strip().splitlines()), "")
+        raise click.ClickException(
+            f"the store refused this role ({type(cause).__name__}: {said}); grant the "
+            "role of TASKWARD_DATABASE_URL SELECT, INSERT, UPDATE, DELETE on taskward's "
+            "tables (GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
+            "<schema> TO <role>), then run the command again") from None
 
 
 @contextmanager
