@@ -35,12 +35,14 @@ class FailureStreak:
     Each streak belongs to one thread (the loop that makes the call)."""
 
     def __init__(self, log: logging.Logger, failed_message: str, back_message: str, *,
-                 level: int = logging.WARNING) -> None:
+                 level: int = logging.WARNING, every: int | None = None) -> None:
         self._log = log
         self._failed_message = failed_message
         self._back_message = back_message
         self._level = level
-        self._every = FAILURES_PER_REMINDER
+        # A call retried about once a second reminds every `FAILURES_PER_REMINDER`
+        # failures: a minute. One that comes far less often passes its own `every`.
+        self._every = FAILURES_PER_REMINDER if every is None else every
         self._in_a_row = 0
 
     def failed(self, exc: BaseException) -> None:

@@ -41,9 +41,12 @@ class MaintenanceTimer:
         self._due_ms: int | None = None  # None: the start pass has not run yet
         self._stop = threading.Event()
         self._thread = named_thread(self._run, "maintenance")
+        # A pass is tried once a slot (a minute, by default), not once a second: every
+        # failure is its own line, where one in 60 was one an hour.
         self._failures = FailureStreak(
             log, "maintenance pass failed (%s, %d in a row); retrying at the next slot",
-            "maintenance passes are back after %d failed attempts", level=logging.ERROR)
+            "maintenance passes are back after %d failed attempts", level=logging.ERROR,
+            every=1)
 
     def start(self) -> None:
         self._thread.start()
