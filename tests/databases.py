@@ -15,7 +15,7 @@ import psycopg
 from sqlalchemy import create_engine, text
 
 from core.settings import Settings
-from core.store.connect import create_db_engine
+from core.store.connect import create_db_engine, open_database
 from core.tables import metadata
 from infra.migrate import upgrade
 
@@ -52,6 +52,16 @@ def private_pg_database() -> Iterator[str]:
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def migrate_to_head(url: str) -> str:
+    """This version's `upgrade` of the database at `url`, as `taskward migrate` runs it
+    (through a `Database`, so SQLite's writes begin as taskward begins them)."""
+    db = open_database(Settings(database_url=url))
+    try:
+        return upgrade(db.engine)
+    finally:
+        db.dispose()
 
 
 def truncate_all(url: str) -> None:

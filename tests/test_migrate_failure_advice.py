@@ -11,18 +11,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from core.errors import SchemaMismatch
-from core.settings import Settings
-from core.store.connect import open_database
-from infra.migrate import upgrade
-from tests.databases import pg_admin_conninfo, private_pg_database
-
-
-def _upgrade(url: str) -> str:
-    db = open_database(Settings(database_url=url))
-    try:
-        return upgrade(db.engine)
-    finally:
-        db.dispose()
+from tests.databases import migrate_to_head, pg_admin_conninfo, private_pg_database
 
 
 @pytest.fixture
@@ -47,7 +36,7 @@ def non_owner_url() -> Iterator[str]:
 
 def test_a_role_without_create_on_the_schema_is_told_to_get_it(non_owner_url: str) -> None:
     with pytest.raises(SchemaMismatch) as refused:
-        _upgrade(non_owner_url)
+        migrate_to_head(non_owner_url)
     message = refused.value.message
     assert "InsufficientPrivilege" in message, message
     assert "grant this role CREATE on the schema" in message, message
@@ -58,7 +47,7 @@ def test_a_role_without_create_on_the_schema_is_told_to_get_it(non_owner_url: st
 def test_a_search_path_naming_no_schema_is_told_to_be_fixed() -> None:
     with private_pg_database() as url:
         with pytest.raises(SchemaMismatch) as refused:
-            _upgrade(f"{url}?options=-csearch_path%3Dtaskward_test_nosuch")
+            migrate_to_head(f"{url}?options=-csearch_path%3Dtaskward_test_nosuch")
     message = refused.value.message
     assert "InvalidSchemaName" in message, message
     assert "search_path" in message and "report this line" not in message, message

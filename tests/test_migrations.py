@@ -19,11 +19,11 @@ from sqlalchemy import create_engine, event, inspect, select, text
 
 from core.errors import SchemaMismatch
 from core.settings import Settings
-from core.store.connect import create_db_engine, open_database
+from core.store.connect import create_db_engine
 from core.tables import metadata, tasks
 from infra.migrate import alembic_config, check_schema, head_revision, upgrade
 from tests.api.served import TASKWARD, service_env
-from tests.databases import private_pg_database
+from tests.databases import migrate_to_head, private_pg_database
 
 
 def test_a_migrated_database_is_at_head(database_url: str) -> None:
@@ -129,15 +129,6 @@ def _migrate_to(url: str, revision: str) -> None:
     engine.dispose()
 
 
-def _upgrade(url: str) -> str:
-    """This version's `upgrade` of the database at `url`, as `taskward migrate` runs it."""
-    db = open_database(Settings(database_url=url))
-    try:
-        return upgrade(db.engine)
-    finally:
-        db.dispose()
-
-
 def _revision(url: str) -> str | None:
     engine = create_engine(url)
     with engine.connect() as connection:
@@ -167,7 +158,7 @@ def test_a_store_where_a_failed_task_was_retried_twice_upgrades_and_the_oldest_k
     engine = create_engine(blank_url)
     with engine.begin() as connection:
         connection.execute(tasks.insert(), rows)
-    assert _upgrade(blank_url) == head_revision()
+    assert migrate_to_head(blank_url) == head_revision()
     with engine.connect() as connection:
         after = {row.id: row for row in connection.execute(select(tasks))}
     engine.dispose()
@@ -217,7 +208,7 @@ def test_tables_of_taskwards_names_without_a_revision_are_refused_untouched(
     with engine.begin() as connection:
         connection.execute(text("CREATE TABLE tasks (id INTEGER PRIMARY KEY, title TEXT)"))
     with pytest.raises(SchemaMismatch) as refused:
-        _upgrade(blank_url)
+        migrate_to_head(blank_url)
     assert refused.value.code == "schema_unknown"
     assert refused.value.message == (
         "the database has tables of taskward's names (tasks) but no schema revision: not "
@@ -269,7 +260,7 @@ def test_an_upgrade_on_sqlite_waits_its_turn_while_other_processes_write(
         writer.start()
     try:
         assert committed_more_than(5)
-        assert _upgrade(url) == head_revision()
+        assert migrate_to_head(url) == head_revision()
         assert committed_more_than(len(commits))  # the writers go on after it
     finally:
         stop.set()
