@@ -1,7 +1,7 @@
 """Idempotency keys (docs/http-api.md): key syntax and the request digest.
 
-The record itself is written by `core.store.new_tasks.enqueue`, in the transaction that
-creates the task, so a crash can never leave one without the other.
+The record itself is written by `core.store.idempotency_records`, in the transaction
+that creates what it answers, so a crash can never leave one without the other.
 """
 
 from __future__ import annotations
@@ -23,6 +23,12 @@ class IdempotencyClaim:
 
     key: str
     digest: str
+
+    @classmethod
+    def of(cls, header: str, method: str, path: str, body: Any) -> IdempotencyClaim:
+        """The claim of a request that sent `header` as its `Idempotency-Key`
+        (`invalid_idempotency_key` when it is not one)."""
+        return cls(parse_key(header), request_digest(method, path, body))
 
 
 def parse_key(header: str) -> str:

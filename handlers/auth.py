@@ -34,9 +34,9 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from core.clients import Client
 from core.errors import Forbidden, InvalidInput, TooManyRequests, Unauthorized
-from core.idempotency import IdempotencyClaim, parse_key, request_digest
+from core.idempotency import IdempotencyClaim
 from core.store.database import Database
-from core.store.replays import is_replay
+from core.store.idempotency_records import is_replay
 from handlers.console.session import console_client, session_still_valid
 from handlers.threads import blocking
 from handlers.tokens import TokenCache
@@ -125,21 +125,20 @@ def revoked() -> Unauthorized:
 async def _repeats_an_answer(
     connection: ASGIConnection[Any, Any, Any, Any], client: Client, db: Database
 ) -> bool:
-    """Whether the request is a replay (`core.store.replays`): never refused by a limit,
-    as it creates nothing. Asked only of a request the rate limit would refuse; its body
-    is read here, and read again from memory by its route."""
+    """Whether the request is a replay (`core.store.idempotency_records.is_replay`):
+    never refused by a limit, as it creates nothing. Asked only of a request the rate
+    limit would refuse; its body is read here, and read again from memory by its route."""
     header = connection.headers.get("idempotency-key")
     if header is None:
         return False
     request = connection.route_handler.resolve_request_class()(connection.scope,
                                                                connection.receive)
     try:
-        key = parse_key(header)
-        body = await request.json()
+        claim = IdempotencyClaim.of(header, request.method, request.scope["path"],
+                                    await request.json())
     except (InvalidInput, SerializationException):  # not a key, not JSON: no replay
         return False
-    digest = request_digest(request.method, request.scope["path"], body)
-    return await blocking(is_replay, db, client.id, IdempotencyClaim(key, digest))
+    return await blocking(is_replay, db, client.id, claim)
 
 
 def bearer_token(header: str | None) -> str:

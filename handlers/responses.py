@@ -23,13 +23,13 @@ from litestar.response import Stream
 
 from core.clients import Client
 from core.errors import Conflict, TooManyRequests
-from core.idempotency import IdempotencyClaim, parse_key, request_digest
+from core.idempotency import IdempotencyClaim
 from core.objects import deleted_object, response_object
 from core.requests import ResponseRequest, new_task
 from core.states import TERMINAL, Status
 from core.store.births import NewTask
+from core.store.idempotency_records import is_replay
 from core.store.new_tasks import dedupe_holder
-from core.store.replays import is_replay
 from core.store.tasks import cancel, delete_finished, get_response
 from handlers.answers import json_bytes, task_location
 from handlers.auth import ClientRequest, requires, token_still_valid
@@ -84,8 +84,8 @@ async def create_response(
                    max_active=client.limits.effective(settings).max_active_tasks or 0)
     claim = None
     if idempotency_key is not None:
-        digest = request_digest("POST", RESPONSES_PATH, await request.json())
-        claim = IdempotencyClaim(parse_key(idempotency_key), digest)
+        claim = IdempotencyClaim.of(idempotency_key, "POST", RESPONSES_PATH,
+                                    await request.json())
     answers_at_once = _respond_async(prefer) or (data.background and not data.stream)
     # A stream or a wait takes its slot before the task is stored: a refusal stores nothing.
     held = None if answers_at_once else await _stream_slot(services, client, new, claim)

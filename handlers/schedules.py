@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from litestar import Response, delete, get, patch, post
 from litestar.params import Body, HeaderParameter
 
-from core.idempotency import IdempotencyClaim, parse_key, request_digest
+from core.idempotency import IdempotencyClaim
 from core.schedules import (
     SCOPE,
     create_schedule_once,
@@ -45,8 +45,8 @@ async def schedule_create(
 ) -> Response[Any]:
     """Create a schedule; its first slot is the first one after now. A repeated
     `Idempotency-Key` gets the first answer again (`Idempotent-Replayed: true`)."""
-    claim = None if idempotency_key is None else IdempotencyClaim(
-        parse_key(idempotency_key), request_digest("POST", SCHEDULES_PATH, data))
+    claim = None if idempotency_key is None else IdempotencyClaim.of(
+        idempotency_key, "POST", SCHEDULES_PATH, data)
     created = await blocking(create_schedule_once, services.db, services.settings,
                              request.user.id, data, claim)
     replayed = {"Idempotent-Replayed": "true"} if created.replayed else {}

@@ -1,5 +1,6 @@
 """Answers kept under Idempotency-Keys (`idempotency_keys`), for every route that
-creates something: a task (`core.store.new_tasks`) or a schedule (`core.schedules`).
+creates something: a task (`core.store.new_tasks`) or a schedule (`core.schedules`);
+and whether a request is a replay of one (`is_replay`), which the rate limits ask.
 
 An answer is recorded in the transaction that created what it answers, and the key's
 unique index decides between two creations racing with one key: the one whose record
@@ -70,3 +71,17 @@ def stored_answer(db: Database, client_id: str, claim: IdempotencyClaim) -> Stor
             "this Idempotency-Key was already used with a different request",
         )
     return StoredAnswer(stored.task_id, stored.status_code, stored.body.encode())
+
+
+def is_replay(db: Database, client_id: str, claim: IdempotencyClaim) -> bool:
+    """Whether `stored_answer` would answer `claim` from its record (one under the
+    client's key, not expired, of a request with the same digest), asked without
+    writing: such a request creates nothing, so no rate limit need refuse it, and the
+    question is cheap enough to ask of every request a limit would refuse. Any other
+    request with that key creates or is refused (`idempotency_key_reused`)."""
+    with db.read() as conn:
+        return conn.execute(select(idempotency_keys.c.key).where(
+            idempotency_keys.c.client_id == client_id,
+            idempotency_keys.c.key == claim.key,
+            idempotency_keys.c.request_digest == claim.digest,
+            idempotency_keys.c.expires_at > db.clock.now_ms())).first() is not None
