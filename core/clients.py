@@ -118,6 +118,15 @@ def require_may_manage(by: Client | None, target_scopes: frozenset[str]) -> None
         raise Forbidden("admin_required", "only an admin client may change an admin client")
 
 
+def require_may_limit(by: Client, client_id: str) -> None:
+    """`own_limits_refused` unless `by` holds `admin` or names another client: a
+    tenant given `clients:admin` to manage clients of its own must not lift the quotas
+    it was itself given."""
+    if by.id == client_id and ADMIN not in by.scopes:
+        raise Forbidden("own_limits_refused", "a client without admin may not change its "
+                        "own limits")
+
+
 def scope_text(scopes: Iterable[str]) -> str:
     return " ".join(sorted(scopes))
 

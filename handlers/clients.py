@@ -9,7 +9,14 @@ from litestar.params import JSONBody
 from pydantic import Field, StringConstraints
 
 from core.bodies import NO_CONTROL, StrictBody
-from core.clients import DEFAULT_SCOPES, MAX_NAME_CHARS, SCOPES, client_object, parse_scopes
+from core.clients import (
+    DEFAULT_SCOPES,
+    MAX_NAME_CHARS,
+    SCOPES,
+    client_object,
+    parse_scopes,
+    require_may_limit,
+)
 from core.errors import Forbidden
 from core.quotas import Limits
 from core.settings import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PER_SECOND_BOUND
@@ -106,7 +113,8 @@ async def change_client_limits(
 ) -> dict[str, Any]:
     """Change a client's limits: only the fields sent change (null: back to the
     default). Honoured by this process at once, by every other within
-    `poll_interval_ms`. Only an `admin` may limit an `admin` client."""
+    `poll_interval_ms`. Only an `admin` may limit an `admin` client, or itself."""
+    require_may_limit(request.user, client_id)
     row = await blocking(set_limits, services.db, client_id, data.model_dump(exclude_unset=True),
                          by=request.user)
     services.tokens.forget()
