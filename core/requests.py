@@ -7,14 +7,13 @@ the prompt back in an error message.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import Field, Strict, StringConstraints, field_validator, model_validator
 
 from core.bodies import StrictBody
-from core.clock import utc_ms
+from core.clock import parse_time, utc_ms
 from core.errors import InvalidInput
 from core.ids import sampling_seed
 from core.priorities import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY, SERVICE_TIERS
@@ -27,7 +26,6 @@ PrintableAscii = Annotated[
     str, StringConstraints(min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$")
 ]
 MAX_TEXT = 200_000
-_FULL_DATE_FIRST = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _ANSWER_ONLY = {"run_at"}
 
 
@@ -84,22 +82,19 @@ class ResponseRequest(StrictBody):
 
     @field_validator("run_at", mode="before")
     @classmethod
-    def _a_date_first(cls, value: object) -> object:
-        """pydantic's lax datetime takes a number, or a string of digits (`"0"`,
-        `"4102444800000"`), as Unix seconds or milliseconds; an RFC 3339 time starts
-        with its full date, which no number does."""
-        if value is None or isinstance(value, datetime):
+    def _rfc3339(cls, value: object) -> object:
+        """Text is read by `core.clock.parse_time`, held to RFC 3339, never by pydantic's
+        lax datetime: that takes a number, or a string of digits (`"0"`), as Unix seconds
+        or milliseconds, and ISO 8601 forms RFC 3339 is not (`+0100`, `10:20Z`). A
+        datetime (a caller in Python) is held to the same calendar."""
+        if value is None:
             return value
-        if not isinstance(value, str) or not _FULL_DATE_FIRST.match(value):
-            raise ValueError("must be an RFC 3339 time with an offset")
-        return value
-
-    @field_validator("run_at")
-    @classmethod
-    def _in_range(cls, value: datetime | None) -> datetime | None:
-        if value is not None:
+        if isinstance(value, datetime):
             utc_ms(value)  # no offset, or beyond the calendar in UTC: a 422 here
-        return value
+            return value
+        if not isinstance(value, str):
+            raise ValueError("must be an RFC 3339 time with an offset")
+        return parse_time(value)
 
     @field_validator("input")
     @classmethod
