@@ -404,7 +404,7 @@ class _Writes:
         return FlushWanted(worker_writes.OutputWrite(
             self._attempt.task_id, self._attempt.claim.owner_token, flush.events,
             text=flush.text, snapshot_json=flush.snapshot_json, usage=flush.usage,
-            start=not self._running))
+            start=not self._running, output_chars=self._output.stored_chars()))
 
     def flushed(self) -> None:
         self._running = True
@@ -421,7 +421,7 @@ class _Writes:
         events, text = self._output.take_closing()
         return self._complete(completion.Completion(
             self._attempt.task_id, self._attempt.claim.owner_token, events, self._output.usage,
-            text, start=not self._running))
+            text, start=not self._running, attempt=self._attempt.claim.attempt))
 
 
 def _stop(

@@ -108,6 +108,11 @@ class Output:
         wait = self._interval_ms if self._flushed else min(FIRST_FLUSH_MS, self._interval_ms)
         return self._pending_since_ms + wait
 
+    def stored_chars(self) -> int:
+        """The length of all text in the log so far, as the response's stored output
+        holds it once the flushes taken are written (a write's landing shows by it)."""
+        return len(self._stored)
+
     def take_flush(self) -> Flush | None:
         """The pending text as one delta event (opening item/part first if needed)."""
         if not self._pending:

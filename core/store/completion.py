@@ -9,23 +9,29 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, Row
+from sqlalchemy import Connection, Row, select
 
 from core.engines.base import Usage
 from core.states import Status
 from core.store.database import Database
 from core.store.pg_completion import complete_alone
+from core.store.redo_dropped import NOT_LANDED, Answer, Landing, write_through_drops
 from core.store.transitions import Event, Held, PerRow, insert_events, move
 from core.store.worker_writes import add_outputs, fenced, start_all, terminal_values
+from core.tables import tasks
 
 
 @dataclass(frozen=True)
 class Completion:
     """One generation that ended, for `complete_all`: the task, its owner token, the
     closing item/part events, the final usage, the output not yet stored (the last deltas
-    ride in `closing`) and whether the `loading -> running` move is still to be made."""
+    ride in `closing`) and whether the `loading -> running` move is still to be made.
+    `attempt`: the attempt's number (`Claim.attempt`), which tells its completion that
+    landed from another attempt's after a dropped connection (`_completion_landed`);
+    None: not known, and a drop is raised as it is."""
 
     task_id: str
     owner: str
@@ -33,6 +39,7 @@ class Completion:
     usage: Usage
     text: str = ""
     start: bool = False
+    attempt: int | None = None
 
 
 def complete(
@@ -58,8 +65,30 @@ def complete_all(db: Database, completions: Sequence[Completion]) -> list[Except
     output; on PostgreSQL all of that is one statement (`core.store.pg_completion`),
     its own transaction (a task named twice, which `_rounds` splits, makes two).
     With `start=True` a whole short generation (`loading -> running -> completed`, each
-    move with its event) costs no transaction of its own.
+    move with its event) costs no transaction of its own. After a dropped connection
+    the completions that did not land are written again (`_completion_landed`).
     """
+    told = all(c.attempt is not None for c in completions)
+    return write_through_drops(db, completions, partial(_complete_all, db),
+                               _completion_landed if told else None)
+
+
+def _completion_landed(conn: Connection, c: Completion) -> Answer | Landing:
+    """A completion landed once the task is `completed` by this attempt: the completion
+    clears the owner token, but another attempt's would have counted one attempt more
+    (a claim counts each; only the owner's own release gives one back). It did not land
+    while its owner still holds the task as the completion expected it."""
+    row = conn.execute(select(tasks.c.status, tasks.c.owner_token, tasks.c.attempts)
+                       .where(tasks.c.id == c.task_id)).first()
+    if row is not None and row.status == Status.COMPLETED and row.attempts == c.attempt:
+        return None
+    expected = Status.LOADING if c.start else Status.RUNNING
+    if row is not None and row.owner_token == c.owner and row.status == expected:
+        return NOT_LANDED
+    return fenced(conn, c.task_id, c.owner)
+
+
+def _complete_all(db: Database, completions: Sequence[Completion]) -> list[Answer]:
     if not completions:
         return []
     failures: dict[int, Exception] = {}

@@ -17,6 +17,11 @@ _READ_ONLY = "25006"
 # (a GRANT), not by a change of taskward's; psycopg raises it as a `ProgrammingError`.
 _INSUFFICIENT_PRIVILEGE = "42501"
 _REFUSALS = (_READ_ONLY, _INSUFFICIENT_PRIVILEGE)
+# PostgreSQL's errors that end the session rather than the statement: a connection
+# exception (class 08) and the server ending its sessions (admin_shutdown, by
+# `pg_terminate_backend` too; crash_shutdown; cannot_connect_now).
+_CONNECTION_EXCEPTION = "08"
+_SESSION_ENDED = ("57P01", "57P02", "57P03")
 _CAUSES_LOOKED_AT = 8  # chains are short; a cycle of causes must not loop for ever
 
 
@@ -28,6 +33,26 @@ def is_store_outage(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError) or (
         isinstance(exc, DBAPIError) and (
             exc.connection_invalidated or getattr(exc.orig, "sqlstate", None) in _REFUSALS))
+
+
+def is_connection_lost(exc: BaseException) -> bool:
+    """Whether `exc` is a store call's connection ending under it (an administrator's
+    `pg_terminate_backend`, a pooler's or the server's restart, the network), after
+    which a fresh connection may well work at once: SQLAlchemy saw the connection go
+    (`connection_invalidated`), or the driver's `OperationalError` says so itself, as a
+    statement on the driver's own cursor raises it (`core.store.driver`: SQLAlchemy
+    does not look at the connection then). psycopg gives libpq's own failures (a
+    connection lost or refused) no SQLSTATE; sqlite3 gives none of its errors one, and
+    a SQLite file has no session to lose, so none of them is."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    if not isinstance(exc, OperationalError) or not hasattr(exc.orig, "sqlstate"):
+        return False
+    sqlstate: str | None = getattr(exc.orig, "sqlstate")
+    return sqlstate is None or sqlstate.startswith(_CONNECTION_EXCEPTION) or (
+        sqlstate in _SESSION_ENDED)
 
 
 def is_privilege_refused(exc: BaseException) -> bool:

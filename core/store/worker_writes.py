@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, Row, select, update
+from sqlalchemy import Connection, Row, func, select, update
 
 from core.clock import iso
 from core.engines.base import Usage
@@ -23,8 +24,9 @@ from core.store.claims import dead_letter
 from core.store.database import Database
 from core.store.output_flush import add_outputs as add_outputs  # also the completion's
 from core.store.output_flush import append_events
+from core.store.redo_dropped import NOT_LANDED, Answer, Landing, write_through_drops
 from core.store.transitions import Add, Event, Held, PerRow, move
-from core.tables import tasks
+from core.tables import responses, tasks
 
 
 def _mine(task_id: str, owner: str) -> list[Any]:
@@ -58,10 +60,46 @@ def heartbeat(db: Database, task_id: str, owner: str, *, lease_ms: int) -> Statu
         return Status(row.status)
 
 
+@dataclass(frozen=True)
+class _Start:
+    task_id: str
+    owner: str
+
+
 def start_running(db: Database, task_id: str, owner: str) -> None:
-    """`loading -> running` once the model is loaded."""
+    """`loading -> running` once the model is loaded (redone after a dropped connection
+    unless it landed: `_start_landed`)."""
+    [failure] = write_through_drops(db, [_Start(task_id, owner)], partial(_start_alone, db),
+                                    _start_landed)
+    if failure is not None:
+        raise failure
+
+
+def _start_alone(db: Database, starts: Sequence[_Start]) -> list[Answer]:
+    [start] = starts
     with db.write_events() as conn:
-        _start(conn, db.clock.now_ms(), task_id, owner)
+        _start(conn, db.clock.now_ms(), start.task_id, start.owner)
+    return [None]
+
+
+def _start_landed(conn: Connection, start: _Start) -> Answer | Landing:
+    """The start landed once its owner holds the task `running` (nothing else moves it
+    there while that owner holds it); not while still `loading`."""
+    row = _held(conn, start.task_id, start.owner)
+    if row is not None and row.status == Status.RUNNING:
+        return None
+    if row is not None and row.status == Status.LOADING:
+        return NOT_LANDED
+    return fenced(conn, start.task_id, start.owner)
+
+
+def _held(conn: Connection, task_id: str, owner: str) -> Row[Any, Any] | None:
+    """The task's status and output length, while `owner` holds it."""
+    return conn.execute(
+        select(tasks.c.status, func.length(responses.c.output_text).label("output_chars"))
+        .join(responses, responses.c.task_id == tasks.c.id)
+        .where(*_mine(task_id, owner))
+    ).first()
 
 
 def _start(conn: Connection, now: int, task_id: str, owner: str) -> None:
@@ -81,7 +119,10 @@ def start_all(
 @dataclass(frozen=True)
 class OutputWrite:
     """One attempt's flush: its events (deltas, item/part events) with the snapshot,
-    text and usage they imply, by the worker holding it (`start`: see `append_output`)."""
+    text and usage they imply, by the worker holding it (`start`: see `append_output`).
+    `output_chars`: the length of the response's output once this write lands, which
+    tells a landed write from one that did not after a dropped connection
+    (`_output_landed`); None: not known, and a drop is raised as it is."""
 
     task_id: str
     owner: str
@@ -90,6 +131,7 @@ class OutputWrite:
     snapshot_json: str | None = None
     usage: Usage | None = None
     start: bool = False
+    output_chars: int | None = None
 
 
 def append_output(
@@ -127,8 +169,32 @@ def append_outputs(db: Database, writes: Sequence[OutputWrite]) -> list[Exceptio
     """`append_output` of several attempts in one transaction, each fenced on its own:
     for each, None once written, or why its fence did not hold (`fenced`: nothing of it
     written, the others are). A worker's attempts whose flushes fall due together
-    share the commit, the larger part of a flush's cost (`scheduler.stream_thread`)."""
-    failures: list[Exception | None] = []
+    share the commit, the larger part of a flush's cost (`scheduler.stream_thread`).
+    After a dropped connection the writes that did not land are written again, when
+    each can tell (`_output_landed`)."""
+    told = all(write.output_chars is not None and write.text for write in writes)
+    return write_through_drops(db, writes, partial(_append_outputs, db),
+                               _output_landed if told else None)
+
+
+def _output_landed(conn: Connection, write: OutputWrite) -> Answer | Landing:
+    """A flush landed once its owner's response holds `output_chars` of output: only
+    that owner's writes add to it, and each flush adds its text (never empty here), so
+    the length before the flush is `output_chars - len(text)`. The flush's events, its
+    snapshot and a pending start commit with that text or not at all."""
+    assert write.output_chars is not None
+    row = _held(conn, write.task_id, write.owner)
+    if row is not None and row.output_chars == write.output_chars:
+        return None
+    expected = Status.LOADING if write.start else Status.RUNNING
+    if (row is not None and row.status == expected
+            and row.output_chars == write.output_chars - len(write.text)):
+        return NOT_LANDED
+    return fenced(conn, write.task_id, write.owner)
+
+
+def _append_outputs(db: Database, writes: Sequence[OutputWrite]) -> list[Answer]:
+    failures: list[Answer] = []
     with db.write_events() as conn:  # a fenced write logs nothing, so wakes nobody
         now = db.clock.now_ms()
         outputs: list[tuple[str, str, Usage | None]] = []
