@@ -75,14 +75,17 @@ def process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
 
 
 def wait_ready(
-    base_url: str, child: subprocess.Popen[bytes], log: Path, seconds: float = 30
+    base_url: str, child: subprocess.Popen[bytes], log: Path, seconds: float = 30,
+    probe: str = "/readyz",
 ) -> None:
+    """Until `probe` answers 200 (`/healthz` for a store this process may not write,
+    which `/readyz` never calls ready)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if child.poll() is not None:
             raise RuntimeError(f"taskward serve exited:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200:
+            if httpx.get(f"{base_url}{probe}", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -93,10 +96,10 @@ def wait_ready(
 @contextmanager
 def running_service(
     database_url: str, workdir: Path, *, sweeper: bool = True, workers: int = 2,
-    settings: dict[str, str] | None = None,
+    settings: dict[str, str] | None = None, probe: str = "/readyz",
 ) -> Iterator[Service]:
     """`taskward serve --workers 2` (and a sweeper) over a migrated store; `settings`:
-    more `TASKWARD_*` variables for both."""
+    more `TASKWARD_*` variables for both; served once `probe` answers (`wait_ready`)."""
     env = {**service_env(database_url, workdir / "models"), **(settings or {})}
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
@@ -106,5 +109,5 @@ def running_service(
             workdir / "serve.log"))
         if sweeper:
             stack.enter_context(process(["sweeper"], env, workdir / "sweeper.log"))
-        wait_ready(base_url, server, workdir / "serve.log")
+        wait_ready(base_url, server, workdir / "serve.log", probe=probe)
         yield Service(base_url, env, server)

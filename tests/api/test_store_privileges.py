@@ -64,9 +64,11 @@ def test_a_select_only_role_is_answered_503_and_told_what_to_grant(tmp_path: Pat
         store.dispose()
         issued = _taskward(admin_url, tmp_path, "pair", "--token", "--json")
         token = json.loads(issued.stdout)["token"]
-        with running_service(role_url, tmp_path, sweeper=False, workers=1) as service:
+        with running_service(role_url, tmp_path, sweeper=False, workers=1,
+                             probe="/healthz") as service:
             with httpx.Client(base_url=service.base_url, timeout=30,
                               headers={"Authorization": f"Bearer {token}"}) as client:
+                assert client.get("/readyz").status_code == 503  # never in rotation
                 refused = create(client, PROMPT)
                 assert (refused.status_code, refused.json()["code"],
                         refused.headers.get("retry-after")) == (503, "store_unavailable", "1")
