@@ -18,7 +18,7 @@ from litestar import Litestar
 
 from core.engines.registry import import_engine_modules
 from core.settings import Settings, load_settings
-from core.store.connect import open_database
+from core.store.connect import ProcessRole, open_database
 from handlers.app import LifespanHook, create_app
 from infra.migrate import check_schema
 from infra.stop_signals import also_on
@@ -31,12 +31,14 @@ def serving_app(
     *,
     on_startup: Sequence[LifespanHook] = (),
     on_shutdown: Sequence[LifespanHook] = (),
+    role: ProcessRole = "api",
 ) -> Litestar:
     """The API for `settings` (default: read from the environment and taskward.toml),
-    over a database of its own that the app disposes of at shutdown."""
+    over a database of its own that the app disposes of at shutdown, its connections
+    named for `role` (`taskward run`'s worker serves its sweeper too)."""
     settings = settings or load_settings()
     import_engine_modules(settings.engine_module_names)  # registration checks engine names
-    db = open_database(settings)
+    db = open_database(settings, role=role)
     # Probes call the readiness check every few seconds; alembic would log two lines each.
     logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
     return create_app(settings, db, readiness=lambda: check_schema(db.engine),

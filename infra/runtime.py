@@ -55,7 +55,7 @@ class Prepared:
 
 def prepare(settings: Settings) -> Prepared:
     """Everything `run` does before serving: migrate, recover, seed a fresh install."""
-    db = open_database(settings)
+    db = open_database(settings, role="run")
     try:
         revision = upgrade(db.engine)
         recovered = _recovered(db, settings)
@@ -116,4 +116,5 @@ def all_in_one_app() -> Litestar:
         for loop in loops:
             await asyncio.to_thread(loop.stop, hurry=hurry)
 
-    return serving_app(settings, on_startup=[start_sweeper], on_shutdown=[stop_sweeper])
+    return serving_app(settings, on_startup=[start_sweeper], on_shutdown=[stop_sweeper],
+                       role="run")

@@ -8,7 +8,7 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -17,11 +17,24 @@ from sqlalchemy.exc import DisconnectionError
 from core.clock import Clock
 from core.settings import Settings, SettingsError
 from core.store.database import Database
-from core.store.libpq import closed_while_idle, unknown_options, with_bounds
+from core.store.libpq import (
+    bound_idle_transactions,
+    closed_while_idle,
+    named_for,
+    unknown_options,
+    with_bounds,
+)
+
+# Which taskward process a connection serves, as a DBA sees it in `pg_stat_activity`
+# (`application_name` taskward-<role>): an API worker, a sweeper (`sweeper`, `sweep`),
+# the all-in-one `run`, or any other command.
+ProcessRole = Literal["api", "sweeper", "run", "cli"]
 
 
-def create_db_engine(settings: Settings) -> Engine:
-    """An engine for `settings.database_url`; SQLite gets WAL, busy timeout, synchronous."""
+def create_db_engine(settings: Settings, role: ProcessRole = "api") -> Engine:
+    """An engine for `settings.database_url`; SQLite gets WAL, busy timeout, synchronous,
+    PostgreSQL the connection bounds (`core.store.libpq`) and `role`'s name. The API
+    app opens its store without naming a role, so "api" is the default."""
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite":
         if url.database:
@@ -43,9 +56,10 @@ def create_db_engine(settings: Settings) -> Engine:
             "#LIBPQ-PARAMKEYWORDS); correct or remove it")
     # No HSTORE column exists: without `use_native_hstore` the dialect's first connection
     # looks the type up (one more round trip before a process's first statement).
-    engine = create_engine(with_bounds(url, settings.store_wait_seconds),
+    engine = create_engine(named_for(with_bounds(url, settings.store_wait_seconds), role),
                            pool_size=8, max_overflow=16, pool_pre_ping=False,
                            use_native_hstore=False)
+    bound_idle_transactions(engine, settings.store_wait_seconds)
     event.listen(engine, "checkout", _not_closed_while_idle)
     return engine
 
@@ -135,8 +149,9 @@ def _cannot_use(database: Path, exc: OSError) -> str:
             f"{exc.strerror}; {todo}")
 
 
-def open_database(settings: Settings, clock: Clock | None = None) -> Database:
-    return Database(create_db_engine(settings), clock)
+def open_database(settings: Settings, clock: Clock | None = None,
+                  role: ProcessRole = "api") -> Database:
+    return Database(create_db_engine(settings, role), clock)
 
 
 def _configure_sqlite(engine: Engine, settings: Settings) -> None:

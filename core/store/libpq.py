@@ -7,16 +7,16 @@ import math
 import select
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 from sqlalchemy.engine import URL
 
 _IDLE_IN_TRANSACTION = "idle_in_transaction_session_timeout"
+_FALLBACK_NAME = "fallback_application_name"
 
 
 def with_bounds(url: URL, wait_seconds: float) -> URL:
-    """`url` with libpq's network timeouts and a bound on idle transactions, each
-    unless the URL sets it already; all of them from `wait_seconds`
-    (`TASKWARD_STORE_WAIT_SECONDS`).
+    """`url` with libpq's network timeouts, each unless the URL sets it already; all of
+    them from `wait_seconds` (`TASKWARD_STORE_WAIT_SECONDS`).
 
     A PostgreSQL host that vanishes (a failover, a partition dropping packets) answers
     nothing, not even a reset: without the timeouts a connection waits on the kernel,
@@ -25,16 +25,9 @@ def with_bounds(url: URL, wait_seconds: float) -> URL:
     about `wait_seconds` of silence from the host's TCP stack, is dropped from the
     pool, and the next call connects afresh (each connect bounded too). A server that
     is slow but up keeps its connections: its kernel still acknowledges and answers
-    keepalives.
-
-    The other way round, a taskward process stopped or cut off in the middle of a
-    transaction holds that transaction's row locks for as long as the server keeps its
-    session: lease expiry, cancels and every other writer of those tasks would wait
-    behind them. The server ends a session left idle inside a transaction for
-    `wait_seconds` (`idle_in_transaction_session_timeout`), rolling it back; taskward
-    never leaves a transaction idle for long, it only ever waits on the store inside
-    one. The listener and the API's own batch connections connect with the pool's
-    parameters (`libpq_conninfo`), so they carry the same bounds.
+    keepalives. The listener and the API's own batch connections connect with the
+    pool's parameters (`libpq_conninfo`), so they carry the same bounds. The bound on
+    idle transactions is set after connecting (`bound_idle_transactions`).
     """
     wait = max(2, math.ceil(wait_seconds))  # libpq's least connect_timeout is 2 s
     bounds = {
@@ -45,13 +38,61 @@ def with_bounds(url: URL, wait_seconds: float) -> URL:
         "keepalives_count": "3",
         "tcp_user_timeout": str(wait * 1000),
     }
-    query = {k: v for k, v in bounds.items() if k not in url.query}
+    return url.update_query_dict({k: v for k, v in bounds.items() if k not in url.query})
+
+
+def named_for(url: URL, role: str) -> URL:
+    """`url` whose connections call themselves `taskward-<role>` (`application_name`,
+    what `pg_stat_activity` and the server's log show), so a DBA tells the API's
+    sessions from a sweeper's or a CLI command's. It is libpq's
+    `fallback_application_name`: an `application_name` of the URL's own, or libpq's
+    `PGAPPNAME`, wins."""
+    if _FALLBACK_NAME in url.query:
+        return url
+    return url.update_query_dict({_FALLBACK_NAME: f"taskward-{role}"})
+
+
+def bound_idle_transactions(engine: Engine, wait_seconds: float) -> None:
+    """Have the server end a session of the pool's left idle inside a transaction for
+    `wait_seconds` (`idle_in_transaction_session_timeout`), unless the URL's `options`
+    name that setting or the server's own bound for this session is stricter.
+
+    A taskward process stopped or cut off in the middle of a transaction holds that
+    transaction's row locks for as long as the server keeps its session: lease expiry,
+    cancels and every other writer of those tasks would wait behind them. The server
+    ends such a session, rolling it back; taskward never leaves a transaction idle for
+    long, it only ever waits on the store inside one.
+
+    Set after connecting, not as a start-up option: an option outranks a DBA's
+    `ALTER ROLE/DATABASE ... SET`, and a stricter bound of theirs was loosened. Here
+    the server's value is kept when it is non-zero and at most ours; one round trip
+    per new connection. Only the pool's connections take it: the listener's and the
+    API's batch connections are in autocommit and never hold a transaction open."""
+    if _IDLE_IN_TRANSACTION in _options(engine.url):
+        return
+    bound = {"ms": math.ceil(wait_seconds * 1000)}
+
+    @event.listens_for(engine, "connect")
+    def _bound(dbapi_connection: Any, _record: Any) -> None:
+        was = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True  # a SET in a transaction rolled back is undone
+        try:
+            dbapi_connection.execute(_STRICTER_BOUND, bound)
+        finally:
+            dbapi_connection.autocommit = was
+
+
+# One statement: the server's own value (in ms) and ours compared where it lives.
+_STRICTER_BOUND = (
+    f"SELECT set_config(name, %(ms)s::text, false) FROM pg_settings "
+    f"WHERE name = '{_IDLE_IN_TRANSACTION}' "
+    f"AND (setting::bigint = 0 OR setting::bigint > %(ms)s)")
+
+
+def _options(url: URL) -> str:
+    """The URL's libpq `options` (server settings at start-up), one string."""
     given = url.query.get("options", "")
-    options = given if isinstance(given, str) else " ".join(given)  # named more than once
-    if _IDLE_IN_TRANSACTION not in options:
-        session = f"-c {_IDLE_IN_TRANSACTION}={math.ceil(wait_seconds * 1000)}"
-        query["options"] = f"{options} {session}".strip()
-    return url.update_query_dict(query)
+    return given if isinstance(given, str) else " ".join(given)  # named more than once
 
 
 def unknown_options(url: URL) -> list[str]:

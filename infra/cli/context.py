@@ -17,16 +17,18 @@ from sqlalchemy.exc import DataError, DBAPIError
 from core.engines.registry import import_engine_modules
 from core.errors import DomainError, unstorable_value
 from core.settings import Settings, load_settings
-from core.store.connect import open_database
+from core.store.connect import ProcessRole, open_database
 from core.store.database import Database
 from core.store.outage import is_privilege_refused
 from infra.migrate import check_schema
 
 
 @contextmanager
-def database(settings: Settings, *, check: bool = True) -> Iterator[Database]:
-    """An open database, schema-checked unless `check` is False (migrate itself)."""
-    db = open_database(settings)
+def database(settings: Settings, *, check: bool = True,
+             role: ProcessRole = "cli") -> Iterator[Database]:
+    """An open database, schema-checked unless `check` is False (migrate itself), its
+    connections named for `role` (`core.store.connect`)."""
+    db = open_database(settings, role=role)
     try:
         with privileges_named():
             if check:

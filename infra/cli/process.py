@@ -24,7 +24,7 @@ from core.settings import Settings, load_settings
 from core.store.recovery import SweepersAlive, sweeping
 from core.store.recovery import recover as recover_tasks
 from infra.cli import collector_paused
-from infra.cli.context import database, domain_errors, emit
+from infra.cli.context import database, domain_errors, emit, privileges_named
 from infra.cli.listen_address import ensure_free, listen_options
 from infra.migrate import upgrade
 from infra.stop_signals import stop_then_hurry, wait_for
@@ -89,7 +89,8 @@ def sweep(as_json: bool) -> None:
         from scheduler.sweep import sweep_once
     settings = _worker_settings()
     stop, hurry = threading.Event(), threading.Event()
-    with database(settings) as db, sweeping(db), stop_then_hurry(stop, hurry):
+    with (database(settings, role="sweeper") as db, sweeping(db),
+          stop_then_hurry(stop, hurry)):
         summary = sweep_once(db, settings, stop=stop, hurry=hurry)
     emit(summary, as_json=True)
 
@@ -109,7 +110,7 @@ def sweeper(schedule: str | None) -> None:
 
             settings = _worker_settings(
                 **({} if schedule is None else {"sweep_schedule": schedule}))
-            db = running.enter_context(database(settings))
+            db = running.enter_context(database(settings, role="sweeper"))
             running.enter_context(sweeping(db))
             running.enter_context(stop_then_hurry(stop, hurry))
             loop = SweeperLoop(db, settings)
@@ -130,7 +131,7 @@ def run(host: str, port: int) -> None:
         from infra.runtime import prepare, serve_all_in_one
     settings = _worker_settings()
     ensure_free(host, port)  # before the store is touched: a refused `run` leaves no trace
-    with domain_errors():
+    with domain_errors(), privileges_named():
         prepared = prepare(settings)
     click.echo(f"schema at {prepared.revision}; " + (
         "recovery skipped: a sweeper is running on this store (its tasks are not "
@@ -145,7 +146,7 @@ def run(host: str, port: int) -> None:
     click.echo(f"serving on http://{host}:{port} with the sweeper (Ctrl-C stops both)")
     # Held here, in granian's main process: its worker, where the sweeper loop runs, is
     # forked with the lock's descriptor, so the sign lasts while either of them lives.
-    with database(settings, check=False) as db, sweeping(db):
+    with database(settings, check=False, role="run") as db, sweeping(db):
         serve_all_in_one(host=host, port=port,
                          idle_timeout_seconds=settings.http_idle_timeout_seconds)
 

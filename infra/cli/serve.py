@@ -18,7 +18,7 @@ def serve(host: str, port: int, workers: int) -> None:
     """Serve the HTTP API. Settings, the schema and the address are checked before any
     worker starts."""
     settings = load_settings()
-    with database(settings):
+    with database(settings, role="api"):
         pass
     ensure_free(host, port)
     serve_api(host=host, port=port, workers=workers,
