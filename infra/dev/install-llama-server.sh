@@ -16,7 +16,21 @@ CACHE="${TASKWARD_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/taskward}/llama-s
 WRAPPER="$CACHE/llama-server"
 PYTHON="${PYTHON:-python3}"
 
-if [ -x "$WRAPPER" ] && "$WRAPPER" --version >/dev/null 2>&1; then
+built() { [ -x "$WRAPPER" ] && "$WRAPPER" --version >/dev/null 2>&1; }
+if built; then
+  echo "$WRAPPER"
+  exit 0
+fi
+# One build at a time per cache: a second run (a test that looks for the server while
+# `make test-tools` still builds it) waits for the first and then finds its server,
+# where it used to delete the first's half-made folder and build again from scratch.
+mkdir -p "$(dirname "$CACHE")"
+exec 9>"$CACHE.lock"
+if ! flock -n 9; then
+  echo "waiting for another build of llama-server $VERSION into $CACHE to finish" >&2
+  flock 9
+fi
+if built; then
   echo "$WRAPPER"
   exit 0
 fi
