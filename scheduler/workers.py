@@ -196,11 +196,12 @@ class Workers:
         if local <= 0 and upstream <= 0:
             return 0
         leased_at = self._db.clock.now_ms()  # no later than the lease's start
-        # Models whose every URL cools down here would only be handed back (docs/upstream.md).
+        # Tasks of a model whose URLs cool down here, beyond one probe's, would only be
+        # handed back (docs/upstream.md).
         taken = claims.claim(self._db, limit=local, upstream_limit=upstream,
                              lease_ms=int(self._settings.lease_seconds * 1000),
                              node_id=self._settings.node_id,
-                             resting=ROUTER.resting() if upstream > 0 else ())
+                             caps=ROUTER.claim_caps() if upstream > 0 else {})
         with self._lock:
             # More may be due when a kind filled all its free slots: worth gathering slots.
             # A kind with no free slot was not asked: what its last claim found stands (a

@@ -9,7 +9,7 @@ bounds admit (`core.store.capacity`); all other tasks fill the local engine's sl
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -58,11 +58,11 @@ class Claim:
 
 def claim(
     db: Database, *, limit: int, lease_ms: int, node_id: str, upstream_limit: int = 0,
-    resting: Collection[str] = (),
+    caps: Mapping[str, int] = capacity.NO_CAPS,
 ) -> list[Claim]:
     """Take up to `limit` due tasks of local models and up to `upstream_limit` of
-    upstream models (within their `max_concurrency`, none of the `resting` ones: the
-    caller could not start them now) in one short transaction.
+    upstream models (within their `max_concurrency`, and no more of a model than its
+    cap in `caps`: the caller could not start the others now) in one short transaction.
 
     Resumable `running` tasks (lease expired or cleared) come first, oldest first; then
     queued ones in the fair line's order (priority, then round-robin across clients),
@@ -111,10 +111,10 @@ def claim(
             resumable, queued = _due(conn, _LOCAL, list(limits), now, limit)
         if upstream_limit > 0 and limits:
             counts = capacity.in_flight(conn, list(limits), now)
-            more = _due(conn, _UPSTREAM, capacity.with_room(limits, counts, resting), now,
+            more = _due(conn, _UPSTREAM, capacity.with_room(limits, counts, caps), now,
                         upstream_limit)
             admitted = capacity.admit(conn, [*more[0], *more[1]], limits, now,
-                                      counted=counts if db.single_writer else None)
+                                      counted=counts if db.single_writer else None, caps=caps)
             resumable += [c for c in admitted if c.status == Status.RUNNING]
             queued += [c for c in admitted if c.status != Status.RUNNING]
             # The lease starts after the models' locks were granted: a claim that waited

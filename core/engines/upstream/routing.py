@@ -9,8 +9,10 @@ A URL whose cool-down has ended is tried again by one attempt alone, its probe: 
 the server answers it (or the probe ends), the URL is skipped as if still cooling. The
 attempts claimed together at the cool-down's end would otherwise all go at once to a
 server that is still down, each spending an attempt. An attempt that finds every URL
-cooling sends nothing (`NoUrlNow`); the claim leaves a model alone while that holds
-(`resting`), so the worker does not claim work it cannot start.
+cooling sends nothing (`NoUrlNow`). So that the worker does not claim work it cannot
+start, only to hand it back, its claim takes no task of a model while that holds, and
+one task alone (the probe's) while its only usable URLs await their probe
+(`claim_caps`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ from dataclasses import dataclass, field
 from core.clock import Clock
 from core.engines.base import NotStarted
 from core.engines.upstream.protocol import UNAVAILABLE
+
+# How long a claim told it may take a model's probe task (`claim_caps`) holds that
+# probe for the attempt it claimed, until that attempt's `pick`: longer than an attempt
+# takes from its claim to its first pick on a busy machine, short enough that when the
+# claim found none of the model's tasks due, the next task is not kept waiting long.
+_PROBE_PROMISE_MS = 2_000
 
 
 @dataclass
@@ -56,6 +64,9 @@ class Router:
         self._cool_until: dict[str, int] = {}
         self._probing: set[str] = set()  # URLs whose probe has not been answered yet
         self._urls_of: dict[str, tuple[str, ...]] = {}  # model id → its base URLs, as picked
+        # Model id → when a claim was last told it may take a task for the model's probe;
+        # removed by that task's `pick` (`claim_caps`).
+        self._probe_promised: dict[str, int] = {}
         self._reports = Reports()
 
     def pick(self, model_id: str, urls: Sequence[str], tried: set[str]) -> str | None:
@@ -66,6 +77,7 @@ class Router:
         now = self._clock.now_ms()
         with self._lock:
             self._urls_of[model_id] = tuple(urls)
+            self._probe_promised.pop(model_id, None)
             usable = [u for u in urls if u not in tried and self._usable(u, now)]
             url = min(usable, key=lambda u: self._in_flight[u], default=None)
             if url is not None and self._cool_until.pop(url, None) is not None:
@@ -83,13 +95,34 @@ class Router:
         with self._lock:
             return max(0, min(self._cool_until.get(u, 0) - now for u in urls)) / 1000
 
-    def resting(self) -> set[str]:
-        """The models (as `pick` last saw their URLs) none of whose URLs an attempt of
-        this process could use now: a claim here leaves their tasks to others."""
+    def claim_caps(self) -> dict[str, int]:
+        """At most how many tasks of each model (as `pick` last saw its URLs) a claim
+        of this process should take now: 0 while every URL cools down or is being
+        probed (an attempt would send nothing), 1 while the only usable ones await
+        their probe (that task's attempt is the probe; the others would find no URL and
+        be handed back). A model not named has no cap: a URL of it is plainly usable.
+
+        A 1 is a promise to the one claim asking: until the task it takes picks its URL
+        (or `_PROBE_PROMISE_MS` pass, the claim having taken none), the next claims get
+        0, since the worker claims again as soon as a claim has started work."""
         now = self._clock.now_ms()
         with self._lock:
-            return {model for model, urls in self._urls_of.items()
-                    if not any(self._usable(u, now) for u in urls)}
+            caps = {}
+            for model, urls in self._urls_of.items():
+                if any(self._plainly_usable(u) for u in urls):
+                    continue
+                probe_due = any(self._usable(u, now) for u in urls)
+                promised_at = self._probe_promised.get(model)
+                promised = promised_at is not None and now - promised_at < _PROBE_PROMISE_MS
+                caps[model] = 1 if probe_due and not promised else 0
+                if caps[model]:
+                    self._probe_promised[model] = now
+            return caps
+
+    def _plainly_usable(self, url: str) -> bool:
+        """Usable without a probe: never cooled down, or its probe answered or ended
+        (the lock held)."""
+        return url not in self._cool_until and url not in self._probing
 
     def answered(self, url: str) -> None:
         """The server at `url` answered a request: a probe of it has succeeded."""
