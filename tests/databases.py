@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
-from sqlalchemy import create_engine, text
 
 from core.settings import Settings
 from core.store.connect import create_db_engine, open_database
@@ -64,12 +63,29 @@ def migrate_to_head(url: str) -> str:
         db.dispose()
 
 
+# Up to this many rows a table is emptied by DELETE, beyond it by TRUNCATE.
+_DELETED_UP_TO = 1000
+
+
 def truncate_all(url: str) -> None:
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        names = ", ".join(t.name for t in metadata.sorted_tables)
-        conn.execute(text(f"TRUNCATE {names}"))
-    engine.dispose()
+    """Empty every table of the store at `url`, between the tests sharing its database.
+
+    A TRUNCATE gives each table and index new files, synced at commit: ~80 ms for all
+    of them on every PostgreSQL test, most of whose tables hold nothing or a few rows.
+    So only tables that hold rows are emptied, each by DELETE while small (its few dead
+    rows are autovacuum's) and by TRUNCATE when big (a test that filled 100,000)."""
+    names = [t.name for t in reversed(metadata.sorted_tables)]  # children first
+    sizes = " UNION ALL ".join(
+        f"SELECT '{name}', count(*) FROM (SELECT 1 FROM \"{name}\" LIMIT {_DELETED_UP_TO}) AS r"
+        for name in names)
+    with psycopg.connect(url.replace("+psycopg", "", 1)) as conn:
+        held: dict[str, int] = dict(conn.execute(sizes).fetchall())
+        big = [name for name in names if held[name] >= _DELETED_UP_TO]
+        if big:
+            conn.execute("TRUNCATE " + ", ".join(f'"{name}"' for name in big) + " CASCADE")
+        for name in names:
+            if 0 < held[name] < _DELETED_UP_TO:
+                conn.execute(f'DELETE FROM "{name}"')
 
 
 def copy_sqlite(template: Path, target: Path) -> str:
