@@ -38,7 +38,8 @@ DEFAULT_SCOPES: frozenset[str] = frozenset(
 MAX_PAIRING_FAILURES = 5
 DEFAULT_CLIENT_NAME = "client"
 MAX_NAME_CHARS = 200  # a client's name (`clients.name`): 1..200, no control character
-_CODE = re.compile(r"^(pc_[0-9a-z]{20})-([A-Za-z0-9_-]{1,64})$")
+_CODE_ID = r"pc_[0-9a-z]{20}"
+_CODE = re.compile(rf"^({_CODE_ID})-([A-Za-z0-9_-]{{1,64}})$")
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,12 @@ def parse_pairing_code(code: str) -> tuple[str, str] | None:
     return None if match is None else (match.group(1), match.group(2))
 
 
+def is_pairing_code_id(text: str) -> bool:
+    """Whether `text` could be a pairing code's id (its part before the `-`): what has
+    not names no code, and is never looked up."""
+    return re.fullmatch(_CODE_ID, text) is not None
+
+
 def parse_scopes(values: Iterable[str]) -> frozenset[str]:
     """Known scope names, or `unknown_scope`; at least one is required."""
     listed = [value.strip() for value in values]
@@ -143,5 +150,21 @@ def client_object(row: Row[Any]) -> dict[str, Any]:
         "scopes": sorted(scope_set(row.scopes)),
         "created_at": iso(row.created_at),
         "revoked_at": iso(row.revoked_at),
+        **{name: getattr(row, name) for name in LIMIT_NAMES},  # None: the default applies
+    }
+
+
+def pairing_code_object(row: Row[Any]) -> dict[str, Any]:
+    """An outstanding pairing code as `GET /v1/pairing-codes` and `taskward pairing-codes
+    list` show it: what it grants and who made it (null: an operator), never its secret
+    nor the secret's hash, so a list shown on a screen gives no code away."""
+    return {
+        "id": row.id,
+        "object": "pairing_code",
+        "name": row.name,
+        "scopes": sorted(scope_set(row.scopes)),
+        "created_at": iso(row.created_at),
+        "expires_at": iso(row.expires_at),
+        "created_by": row.created_by,
         **{name: getattr(row, name) for name in LIMIT_NAMES},  # None: the default applies
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from litestar import delete, get, patch, post
-from litestar.params import JSONBody
+from litestar.params import JSONBody, Parameter
 from pydantic import Field, StringConstraints
 
 from core.bodies import NO_CONTROL, StrictBody
@@ -14,6 +14,7 @@ from core.clients import (
     MAX_NAME_CHARS,
     SCOPES,
     client_object,
+    pairing_code_object,
     parse_scopes,
     require_may_limit,
 )
@@ -27,6 +28,7 @@ from core.store.clients import (
     revoke,
     set_limits,
 )
+from core.store.pairing_codes import outstanding_codes, revoke_pairing_code
 from handlers.answers import page
 from handlers.auth import PUBLIC_ROUTE, ClientRequest, requires
 from handlers.params import ClientId, Cursor, PageLimit
@@ -35,6 +37,8 @@ from handlers.threads import blocking
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS,
                                         pattern=NO_CONTROL)]
+CodeId = Annotated[str, Parameter(description="a pairing code's id: the code's part before "
+                                              "the `-`")]
 
 
 class PairBody(StrictBody):
@@ -87,6 +91,25 @@ async def new_pairing_code(
     return issued.public()
 
 
+@get("/v1/pairing-codes", opt=requires("clients:admin"), tags=["clients"])
+async def pairing_codes_list(
+    request: ClientRequest, services: Services, limit: PageLimit = 20, after: Cursor = None
+) -> dict[str, Any]:
+    """A page of the codes that would still redeem, newest first, never a secret: so
+    a code pasted where it should not be can be found and revoked. A client without
+    `admin` sees only the codes it made."""
+    rows, cursor = await blocking(outstanding_codes, services.db,
+                                  made_by=request.user.owner_filter, limit=limit, after=after)
+    return page([pairing_code_object(row) for row in rows], cursor)
+
+
+@delete("/v1/pairing-codes/{code_id:str}", opt=requires("clients:admin"), tags=["clients"])
+async def revoke_code(request: ClientRequest, code_id: CodeId, services: Services) -> None:
+    """Revoke an outstanding code (204): it no longer redeems. A client without `admin`
+    may revoke only the codes it made; any other id is `404 pairing_code_not_found`."""
+    await blocking(revoke_pairing_code, services.db, code_id, made_by=request.user.owner_filter)
+
+
 @get("/v1/clients", opt=requires("clients:admin"), tags=["clients"])
 async def clients_list(
     services: Services, limit: PageLimit = 20, after: Cursor = None
@@ -121,4 +144,5 @@ async def change_client_limits(
     return client_object(row)
 
 
-ROUTES = [pair, new_pairing_code, clients_list, revoke_client, change_client_limits]
+ROUTES = [pair, new_pairing_code, pairing_codes_list, revoke_code, clients_list, revoke_client,
+          change_client_limits]

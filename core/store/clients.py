@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Row,
+    and_,
     bindparam,
     exists,
     func,
@@ -86,9 +87,7 @@ def redeem_pairing_code(db: Database, code: str, name: str | None = None) -> Iss
             if row is not None and same_secret(secret, row.secret_hash):
                 spent = conn.execute(
                     update(pairing_codes)
-                    .where(pairing_codes.c.id == code_id, pairing_codes.c.used_at.is_(None),
-                           pairing_codes.c.failures < MAX_PAIRING_FAILURES,
-                           pairing_codes.c.expires_at > now, _maker_not_revoked())
+                    .where(pairing_codes.c.id == code_id, live_codes(now), maker_not_revoked())
                     .values(used_at=now)
                 ).rowcount
                 if spent:
@@ -105,14 +104,22 @@ def _is_live(db: Database, code_id: str) -> bool:
     """The code exists and could still be redeemed (its maker is checked by the write)."""
     with db.read() as conn:
         return conn.execute(select(pairing_codes.c.id).where(
-            pairing_codes.c.id == code_id, pairing_codes.c.used_at.is_(None),
-            pairing_codes.c.failures < MAX_PAIRING_FAILURES,
-            pairing_codes.c.expires_at > db.clock.now_ms())).first() is not None
+            pairing_codes.c.id == code_id, live_codes(db.clock.now_ms()))).first() is not None
 
 
-def _maker_not_revoked() -> ColumnElement[bool]:
+def live_codes(now: int) -> ColumnElement[bool]:
+    """Codes not used, not burnt and not expired at `now`: with `maker_not_revoked`,
+    those that would redeem, which are the ones listed and revocable
+    (`core.store.pairing_codes`)."""
+    return and_(pairing_codes.c.used_at.is_(None),
+                pairing_codes.c.failures < MAX_PAIRING_FAILURES,
+                pairing_codes.c.expires_at > now)
+
+
+def maker_not_revoked() -> ColumnElement[bool]:
     """The code was made by an operator, or by a client that is still in service: in
-    the statement that spends the code, so a revocation committed first is seen."""
+    the statement that spends (or lists, or revokes) the code, so a revocation of its
+    maker committed first is seen."""
     return or_(pairing_codes.c.created_by.is_(None), exists().where(
         clients.c.id == pairing_codes.c.created_by, clients.c.revoked_at.is_(None)))
 

@@ -23,8 +23,9 @@ import click
 
 COMMAND_MODULES = {
     "migrate": "process", "recover": "process", "sweep": "process", "sweeper": "process",
-    "run": "process", "serve": "serve", "pair": "operator", "clients": "operator",
-    "models": "operator", "tasks": "operator", "dead-letters": "operator",
+    "run": "process", "serve": "serve", "pair": "operator", "pairing-codes": "operator",
+    "clients": "operator", "models": "operator", "tasks": "operator",
+    "dead-letters": "operator",
     "schedules": "schedules",
 }
 

@@ -1,4 +1,4 @@
-"""Operator commands: pair, clients, models, tasks, dead-letters.
+"""Operator commands: pair, pairing-codes, clients, models, tasks, dead-letters.
 
 They work on the store directly (an operator on the machine needs no token) through
 the same core functions the API calls, so a CLI answer and an API answer agree. Each
@@ -23,6 +23,7 @@ from core.clients import (
     MAX_NAME_CHARS,
     client_object,
     is_client_name,
+    pairing_code_object,
     parse_scopes,
 )
 from core.model_files import DEFAULT_ENGINE
@@ -40,6 +41,7 @@ from core.states import Status
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke, set_limits
 from core.store.models import list_models, remove
 from core.store.new_tasks import retry_failed
+from core.store.pairing_codes import outstanding_codes, revoke_pairing_code
 from core.store.schedules import schedules_of_model
 from core.store.tasks import cancel, get_task, list_tasks
 from infra.cli.context import emit, store
@@ -112,6 +114,30 @@ def pair(admin: bool, scopes: str | None, name: str | None, direct: bool, as_jso
                                        ttl_seconds=settings.pairing_code_ttl_seconds,
                                        limits=limits)
             emit(code.public(), as_json=as_json)
+
+
+@click.group("pairing-codes")
+def pairing_codes() -> None:
+    """Pairing codes not yet redeemed."""
+
+
+@pairing_codes.command("list")
+@_JSON
+def pairing_codes_list(as_json: bool) -> None:
+    """Every code that would still redeem, newest first; never a secret."""
+    with store() as (_, db):
+        rows, _ = outstanding_codes(db, made_by=None)
+    emit([pairing_code_object(row) for row in rows], as_json=as_json,
+         columns=("id", "name", "scopes", "created_at", "expires_at", "created_by"))
+
+
+@pairing_codes.command("revoke")
+@click.argument("code_id")
+def pairing_codes_revoke(code_id: str) -> None:
+    """The code (named by its id, the part before the `-`) no longer redeems."""
+    with store() as (_, db):
+        revoke_pairing_code(db, code_id, made_by=None)
+    click.echo(f"revoked {code_id}")
 
 
 @click.group()
@@ -291,4 +317,4 @@ def dead_letters_retry(task_id: str, as_json: bool) -> None:
     emit(task_object(row), as_json=as_json, columns=_TASK_COLUMNS)
 
 
-COMMANDS: list[click.Command] = [pair, clients, models, tasks, dead_letters]
+COMMANDS: list[click.Command] = [pair, pairing_codes, clients, models, tasks, dead_letters]
