@@ -29,7 +29,8 @@ _API = b"/v1/"
 _MODELS = b"models"
 # The path parameter an id after `/v1/<collection>/` is given to.
 _ID_OF_COLLECTION = {b"tasks": "task_id", b"responses": "response_id",
-                     b"clients": "client_id", b"schedules": "schedule_id"}
+                     b"clients": "client_id", b"schedules": "schedule_id",
+                     b"pairing-codes": "code_id"}
 
 
 def refuse_encoded_slashes(app: ASGIApp) -> ASGIApp:

@@ -30,6 +30,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.params import Parameter, ParameterKwarg
 from litestar.typing import FieldDefinition
 
+from core.clients import is_pairing_code_id
 from core.errors import NotFound
 from core.ids import could_be_id
 from core.models_registry import could_be_model_id
@@ -50,6 +51,7 @@ _ID_PARAMS = {
     "client_id": ("client_not_found", could_be_id),
     "schedule_id": ("schedule_not_found", could_be_id),
     "model_id": ("model_not_found", could_be_model_id),
+    "code_id": ("pairing_code_not_found", is_pairing_code_id),
 }
 
 

@@ -37,6 +37,7 @@ def test_an_id_with_an_encoded_slash_does_not_reach_the_cancel_route(
     ("GET", "/v1/responses/resp_abc%2F", "task_not_found"),
     ("DELETE", "/v1/clients/cli_abc%2Fx", "client_not_found"),
     ("GET", "/v1/schedules/sched_abc%2Fx", "schedule_not_found"),
+    ("DELETE", "/v1/pairing-codes/pc_abc%2Fx", "pairing_code_not_found"),
     ("GET", "/v1/tasks%2Fresp_abc", "not_found"),
     ("GET", "/v1/dead-letters%2F", "not_found"),
 ])
