@@ -434,7 +434,7 @@ def _stop(
         raise CancelRequested(claim.task_id)
     if reason is StopReason.HAND_BACK:
         writes.flush_now()  # a resume task keeps all it made
-        worker_writes.release(db, claim.task_id, claim.owner_token)
+        worker_writes.release(db, claim.task_id, claim.owner_token, attempt=claim.attempt)
         return Outcome.RELEASED
     return _retry(db, settings, attempt, TIMEOUT, "the attempt exceeded the execution timeout")
 
@@ -456,7 +456,8 @@ def _engine_failed(
 ) -> Outcome:
     wait_ms = wait_ms_of(error)
     if isinstance(error, NotStarted):  # nothing was sent: not worth an attempt
-        worker_writes.release(db, attempt.task_id, attempt.claim.owner_token, delay_ms=wait_ms)
+        worker_writes.release(db, attempt.task_id, attempt.claim.owner_token, delay_ms=wait_ms,
+                              attempt=attempt.claim.attempt)
         return Outcome.RELEASED
     if error.retryable:
         return _retry(db, settings, attempt, error.code, error.message, floor_ms=wait_ms)
@@ -479,12 +480,13 @@ def _retry(
                                          base_seconds=settings.backoff_base_seconds,
                                          max_seconds=settings.backoff_max_seconds))
     requeued = worker_writes.requeue(db, attempt.task_id, attempt.claim.owner_token, delay_ms=delay,
-                                     code=code, message=message)
+                                     code=code, message=message, attempt=attempt.claim.attempt)
     return Outcome.REQUEUED if requeued else Outcome.DEAD_LETTERED
 
 
 def _fail(db: Database, attempt: Attempt, code: str, message: str) -> Outcome:
-    worker_writes.fail(db, attempt.task_id, attempt.claim.owner_token, code, message)
+    worker_writes.fail(db, attempt.task_id, attempt.claim.owner_token, code, message,
+                       attempt=attempt.claim.attempt)
     return Outcome.FAILED
 
 

@@ -10,7 +10,8 @@ its restart policy spent another attempt, on a store that was there all along.
 A write whose connection dropped may have committed with only its acknowledgement
 lost; redone blindly, it would append its events twice. So each write kind states how
 its landing shows in the store (`Landed`): read on a fresh connection, fenced by the
-attempt's owner token, each item of the write is found landed (its answer: None),
+attempt's owner token, each item of the write is found landed (its answer: None, or
+what the write answers for it: a requeue, whether it requeued or dead-lettered),
 refused (why the fence no longer holds, as the write itself would have said:
 `LeaseLost`, `CancelRequested`) or `NOT_LANDED`, and only the last are written again.
 A few tries a short pause apart, far inside a lease: a store that stays away raises
@@ -51,20 +52,21 @@ class Named(Protocol):
 
 
 W = TypeVar("W", bound=Named)
+R = TypeVar("R")  # what a write answers for an item it wrote (most: None)
 Answer = Exception | None  # an item's: None once written, or why its fence did not hold
-WriteAll = Callable[[Sequence[W]], list[Answer]]
+WriteAll = Callable[[Sequence[W]], list[R | Exception]]
 # How one item's landing shows, read in a transaction of its own after a drop.
-Landed = Callable[[Connection, W], Answer | Landing]
+Landed = Callable[[Connection, W], R | Exception | Landing]
 
 
 def write_through_drops(
-    db: Database, items: Sequence[W], write_all: WriteAll[W], landed: Landed[W] | None
-) -> list[Answer]:
+    db: Database, items: Sequence[W], write_all: WriteAll[W, R], landed: Landed[W, R] | None
+) -> list[R | Exception]:
     """`write_all(items)`, each item's answer; after a dropped connection, the items not
     `landed` are written again (`landed` None: the write cannot tell, the drop is
     raised as it is). The drop is raised after the last try, or as soon as another error
     comes."""
-    answers: dict[int, Answer] = {}
+    answers: dict[int, R | Exception] = {}
     left = list(range(len(items)))
     for tried, pause in enumerate((0.0, *TRY_PAUSES_SECONDS)):
         if pause:  # not before the first: a zero sleep still yields the GIL
@@ -82,8 +84,8 @@ def write_through_drops(
 
 
 def _not_landed(
-    db: Database, items: Sequence[W], left: list[int], landed: Landed[W] | None,
-    answers: dict[int, Answer],
+    db: Database, items: Sequence[W], left: list[int], landed: Landed[W, R] | None,
+    answers: dict[int, R | Exception],
 ) -> list[int]:
     """Of the items `left`, those that did not land; the others' answers go to
     `answers`. Those that landed are announced to this process's listeners as any
@@ -93,6 +95,6 @@ def _not_landed(
     with db.read() as conn:
         found = {i: landed(conn, items[i]) for i in left}
     db.announce_committed_events(items[i].task_id for i, answer in found.items()
-                                 if answer is None)
+                                 if not isinstance(answer, Exception | Landing))
     answers.update({i: answer for i, answer in found.items() if not isinstance(answer, Landing)})
     return [i for i, answer in found.items() if answer is NOT_LANDED]

@@ -9,10 +9,10 @@ nothing more.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Row, func, select, update
 
@@ -24,7 +24,7 @@ from core.store.claims import dead_letter
 from core.store.database import Database
 from core.store.output_flush import add_outputs as add_outputs  # also the completion's
 from core.store.output_flush import append_events
-from core.store.redo_dropped import NOT_LANDED, Answer, Landing, write_through_drops
+from core.store.redo_dropped import NOT_LANDED, Answer, Landed, Landing, write_through_drops
 from core.store.transitions import Add, Event, Held, PerRow, move
 from core.tables import responses, tasks
 
@@ -217,66 +217,205 @@ def terminal_values(now: int) -> dict[str, Any]:
     return {"finished_at": now, "owner_token": None, "lease_expires_at": None}
 
 
-def fail(db: Database, task_id: str, owner: str, code: str, message: str) -> None:
-    """A non-retryable failure: `failed` at once, not a dead letter."""
+_WORKING = frozenset({Status.LOADING, Status.RUNNING})  # the states an attempt ends from
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """An attempt's terminal write: its task, its owner token and its number
+    (`Claim.attempt`), which tells the write's landing after a dropped connection from
+    what another process did meanwhile (None: not known, and a drop is raised as it is;
+    a cancel's landing does not need it)."""
+
+    task_id: str
+    owner: str
+    attempt: int | None
+
+    @property
+    def held(self) -> Held:
+        return Held.one(self.task_id, self.owner)
+
+    def by_number(self, landed: Landed[_Ending, R]) -> Landed[_Ending, R] | None:
+        """`landed`, which needs the attempt's number, when it is known."""
+        return landed if self.attempt is not None else None
+
+    def unless_held(self, conn: Connection, row: Row[*tuple[Any, ...]] | None,
+                    states: frozenset[Status]
+                    ) -> Exception | Landing:
+        """For a write not found landed: `NOT_LANDED` while its owner still holds the
+        task in `states`, as the write expected it; else why its fence did not hold."""
+        if row is not None and row.owner_token == self.owner and row.status in states:
+            return NOT_LANDED
+        return fenced(conn, self.task_id, self.owner)
+
+
+def _end_through_drops(
+    db: Database, ending: _Ending, write: Callable[[], R], landed: Landed[_Ending, R] | None
+) -> R:
+    """`write()`'s answer, written again after a dropped connection unless `landed` says
+    it landed (None: a drop is raised as it is); raises its fenced failure."""
+    [answer] = write_through_drops(db, [ending], lambda _: [write()], landed)
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
+
+
+def _task(conn: Connection, task_id: str) -> Row[*tuple[Any, ...]] | None:
+    """What tells an attempt's terminal write from another process's move."""
+    return conn.execute(
+        select(tasks.c.status, tasks.c.owner_token, tasks.c.attempts, tasks.c.dead_lettered,
+               tasks.c.error_code, tasks.c.error_message).where(tasks.c.id == task_id)
+    ).first()
+
+
+def fail(
+    db: Database, task_id: str, owner: str, code: str, message: str, *,
+    attempt: int | None = None,
+) -> None:
+    """A non-retryable failure: `failed` at once, not a dead letter (redone after a
+    dropped connection unless it landed: `_fail_landed`)."""
+    ending = _Ending(task_id, owner, attempt)
+    _end_through_drops(db, ending, partial(_fail, db, ending, code, message),
+                       ending.by_number(partial(_fail_landed, code=code, message=message)))
+
+
+def _fail(db: Database, ending: _Ending, code: str, message: str) -> None:
     with db.write_events() as conn:
         now = db.clock.now_ms()
         error = {"code": code, "message": message[:ERROR_MESSAGE_CHARS]}
-        if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
-                    where=Held.one(task_id, owner), to=Status.FAILED,
+        if not move(conn, now=now, expected=_WORKING, where=ending.held,
+                    to=Status.FAILED,
                     events=[Event("response.failed", {"error": error, "dead_lettered": False})],
                     values={**terminal_values(now), "error_code": code,
                             "error_message": error["message"]}):
-            raise fenced(conn, task_id, owner)
+            raise fenced(conn, ending.task_id, ending.owner)
+
+
+def _fail_landed(conn: Connection, ending: _Ending, *, code: str, message: str
+                 ) -> None | Exception | Landing:
+    """The failure landed once the task is `failed` with this attempt's count, not a
+    dead letter, with this failure's code and message. A lease expiry or a cold start
+    under `fail` also ends it `failed` with that count, but with recovery's own error
+    (`worker_lost`, `server_restarted`, and their messages), which no engine failure
+    names; a claim's dead letter is marked one."""
+    row = _task(conn, ending.task_id)
+    if (row is not None and row.status == Status.FAILED and row.attempts == ending.attempt
+            and not row.dead_lettered and row.error_code == code
+            and row.error_message == message[:ERROR_MESSAGE_CHARS]):
+        return None
+    return ending.unless_held(conn, row, _WORKING)
 
 
 def finish_cancelled(db: Database, task_id: str, owner: str) -> None:
-    """The worker honours a cancel request: `cancelling -> cancelled`."""
+    """The worker honours a cancel request: `cancelling -> cancelled` (redone after a
+    dropped connection unless it landed: `_cancelled_landed`)."""
+    ending = _Ending(task_id, owner, None)
+    _end_through_drops(db, ending, partial(_finish_cancelled, db, ending), _cancelled_landed)
+
+
+def _finish_cancelled(db: Database, ending: _Ending) -> None:
     with db.write_events() as conn:
         now = db.clock.now_ms()
-        if not move(conn, now=now, expected={Status.CANCELLING}, where=Held.one(task_id, owner),
+        if not move(conn, now=now, expected={Status.CANCELLING}, where=ending.held,
                     to=Status.CANCELLED, events=[Event("response.cancelled")],
                     values=terminal_values(now)):
-            raise LeaseLost(task_id)
+            raise LeaseLost(ending.task_id)
+
+
+def _cancelled_landed(conn: Connection, ending: _Ending) -> None | Exception | Landing:
+    """The cancel landed once the task is `cancelled`. Only one other writer moves a
+    task this owner held `cancelling` there: lease expiry (or the sweep of orphaned
+    cancels), once this attempt's lease ran out. It leaves the very same task and log
+    (one `response.cancelled`, no owner), so the two cannot be told apart by what is
+    stored, nor need to be: the cancel the client asked for is honoured once either
+    way, and nothing is written again; the attempt counts as cancelled rather than
+    lost. Not landed while its owner still holds the task `cancelling`; anything else
+    is a lost lease, as the write itself would say."""
+    row = _task(conn, ending.task_id)
+    if row is not None and row.status == Status.CANCELLED:
+        return None
+    if row is not None and row.owner_token == ending.owner and row.status == Status.CANCELLING:
+        return NOT_LANDED
+    return LeaseLost(ending.task_id)
 
 
 def requeue(
-    db: Database, task_id: str, owner: str, *, delay_ms: int, code: str, message: str
+    db: Database, task_id: str, owner: str, *, delay_ms: int, code: str, message: str,
+    attempt: int | None = None,
 ) -> bool:
     """A retryable failure: back to `queued` after `delay_ms`, or a dead letter when the
-    attempts are spent. Returns True when requeued, False when dead-lettered."""
+    attempts are spent. Returns True when requeued, False when dead-lettered. Redone
+    after a dropped connection unless it landed (`_requeue_landed`)."""
+    ending = _Ending(task_id, owner, attempt)
+    return _end_through_drops(
+        db, ending, partial(_requeue, db, ending, delay_ms, code, message),
+        ending.by_number(partial(_requeue_landed, code=code, message=message)))
+
+
+def _requeue(db: Database, ending: _Ending, delay_ms: int, code: str, message: str) -> bool:
     with db.write_events() as conn:
         now = db.clock.now_ms()
-        active = {Status.LOADING, Status.RUNNING}
         run_at = now + delay_ms
 
         queued = PerRow(1, lambda row: [Event("response.queued", {
             "reason": "retry", "attempt": row.attempts, "run_at": iso(run_at),
             "error": {"code": code, "message": message[:ERROR_MESSAGE_CHARS]}})])
 
-        if move(conn, now=now, expected=active,
-                where=[*_mine(task_id, owner), tasks.c.attempts < tasks.c.max_attempts],
+        if move(conn, now=now, expected=_WORKING,
+                where=[*_mine(ending.task_id, ending.owner),
+                       tasks.c.attempts < tasks.c.max_attempts],
                 to=Status.QUEUED, events=queued,
                 values={"run_at": run_at, "owner_token": None, "lease_expires_at": None,
                         "error_code": code,
                         "error_message": message[:ERROR_MESSAGE_CHARS]}):
             return True
-        owned = conn.execute(select(tasks.c.status).where(*_mine(task_id, owner))).first()
-        if owned is None or Status(owned.status) not in active or not dead_letter(
-                conn, now, Held.one(task_id, owner), expected=Status(owned.status),
+        owned = conn.execute(select(tasks.c.status)
+                             .where(*_mine(ending.task_id, ending.owner))).first()
+        if owned is None or Status(owned.status) not in _WORKING or not dead_letter(
+                conn, now, ending.held, expected=Status(owned.status),
                 error=spent_by(code, message)):
-            raise fenced(conn, task_id, owner)
+            raise fenced(conn, ending.task_id, ending.owner)
         return False
 
 
-def release(db: Database, task_id: str, owner: str, *, delay_ms: int = 0) -> None:
+def _requeue_landed(conn: Connection, ending: _Ending, *, code: str, message: str
+                    ) -> bool | Exception | Landing:
+    """The requeue landed once the task, with this attempt's count and no owner, is
+    `queued` with this failure's code and message (True), or dead-lettered with the
+    cause this failure gives it (`spent_by`: False). A claim clears the error and
+    counts one attempt more, and a lease expiry or a cold start that puts the task back
+    in the queue with that count writes no error, so only this write leaves a queued
+    task so; a claim's dead letter says the attempts were spent without a cause, lease
+    expiry under `fail` is no dead letter."""
+    row = _task(conn, ending.task_id)
+    if row is not None and row.attempts == ending.attempt and row.owner_token is None:
+        if (row.status == Status.QUEUED and row.error_code == code
+                and row.error_message == message[:ERROR_MESSAGE_CHARS]):
+            return True
+        if (row.status == Status.FAILED and row.dead_lettered
+                and row.error_message == spent_by(code, message)["message"]):
+            return False
+    return ending.unless_held(conn, row, _WORKING)
+
+
+def release(
+    db: Database, task_id: str, owner: str, *, delay_ms: int = 0, attempt: int | None = None
+) -> None:
     """Hand the task back, refunding the attempt, due again after `delay_ms`: at a
     graceful stop, or when the attempt could send nothing (every upstream URL cooling
-    down in this process).
+    down in this process). Redone after a dropped connection unless it landed
+    (`_release_landed`).
 
     A `resume` task that was running stays `running` with its snapshot and no lease,
     so the next claim from `run_at` on continues it; anything else goes back to `queued`.
     """
+    ending = _Ending(task_id, owner, attempt)
+    _end_through_drops(db, ending, partial(_release, db, ending, delay_ms),
+                       ending.by_number(_release_landed))
+
+
+def _release(db: Database, ending: _Ending, delay_ms: int) -> None:
     with db.write_events() as conn:
         now = db.clock.now_ms()
         run_at = now + delay_ms
@@ -284,14 +423,27 @@ def release(db: Database, task_id: str, owner: str, *, delay_ms: int = 0) -> Non
         # A resumable task keeps its place among the resumable ones unless it must wait.
         waits = {"run_at": run_at} if delay_ms > 0 else {}
         if move(conn, now=now, expected={Status.RUNNING},
-                where=[*_mine(task_id, owner), tasks.c.on_restart == OnRestart.RESUME.value],
+                where=[*_mine(ending.task_id, ending.owner),
+                       tasks.c.on_restart == OnRestart.RESUME.value],
                 to=Status.RUNNING, events=[], values={**refund, **waits}):
             return
 
         released = PerRow(1, lambda row: [Event("response.queued", {
             "reason": "released", "attempt": row.attempts, "run_at": iso(run_at)})])
 
-        if not move(conn, now=now, expected={Status.LOADING, Status.RUNNING},
-                    where=Held.one(task_id, owner), to=Status.QUEUED, events=released,
-                    values={**refund, "run_at": run_at}):
-            raise fenced(conn, task_id, owner)
+        if not move(conn, now=now, expected=_WORKING, where=ending.held, to=Status.QUEUED,
+                    events=released, values={**refund, "run_at": run_at}):
+            raise fenced(conn, ending.task_id, ending.owner)
+
+
+def _release_landed(conn: Connection, ending: _Ending) -> None | Exception | Landing:
+    """The release landed once the task counts one attempt less than this attempt's
+    number. Nothing else lowers the count: every claim adds one, and only the owner's
+    release gives it back. While this owner held the task no one else could release
+    it, and once another process took it (lease expiry keeps the count, a claim then
+    adds one) the count never came back below this attempt's."""
+    assert ending.attempt is not None
+    row = _task(conn, ending.task_id)
+    if row is not None and row.attempts == ending.attempt - 1:
+        return None
+    return ending.unless_held(conn, row, _WORKING)
