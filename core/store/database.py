@@ -109,7 +109,13 @@ class Database:
             try:
                 yield conn
             finally:
-                conn.info.pop(_LOGGED, None)  # gone with an invalidated connection (`write`)
+                # A connection whose session ended under a statement is invalid until
+                # `write` rolls back: asking its `info` then raised SQLAlchemy's
+                # PendingRollbackError in place of the driver's error, which says the
+                # connection was lost (what a worker redoes its write on). Its `info`
+                # is new and empty once `write` has rolled back anyway.
+                if not conn.invalidated:
+                    conn.info.pop(_LOGGED, None)
             if rows:
                 _heard_after_commit(conn).extend(
                     (EVENTS_CHANNEL, Logged(task_id, tuple(logged_rows)))

@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
 from core.store.database import Database
+from core.store.outage import is_connection_lost
 from core.tables import tasks
 from tests.store.helpers import new_task
 
@@ -36,3 +37,20 @@ def test_a_read_whose_begin_fails_raises_sqlalchemys_error(db: Database) -> None
         with pytest.raises(OperationalError, match="within a transaction"):
             conn.begin()
         conn.connection.driver_connection.execute("ROLLBACK")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_an_event_write_whose_session_ends_mid_transaction_raises_the_drivers_error(
+    db: Database, model_id: str
+) -> None:
+    """The server ends the session under a statement of `write_events` (an administrator's
+    `pg_terminate_backend`): the caller hears that error, which says the connection was
+    lost (`core.store.outage.is_connection_lost`, what a worker redoes its write on),
+    not SQLAlchemy's complaint about the rolled-back transaction's leftovers."""
+    task_id = new_task(db, model_id)
+    with pytest.raises(OperationalError) as raised, db.write_events() as conn:
+        pid = conn.execute(select(func.pg_backend_pid())).scalar_one()
+        with db.engine.connect() as other:
+            other.execute(select(func.pg_terminate_backend(pid)))
+        conn.execute(select(tasks.c.id).where(tasks.c.id == task_id))
+    assert is_connection_lost(raised.value)
