@@ -67,9 +67,12 @@ class IssuedCode:
     scopes: frozenset[str]
 
     def public(self) -> dict[str, Any]:
-        """`{"code", "expires_at", "scopes"}`, as the API and `taskward pair --json` show it."""
-        return {"code": self.code, "expires_at": iso(self.expires_at),
-                "scopes": sorted(self.scopes)}
+        """`{"id", "code", "expires_at", "scopes"}`, as the API and `taskward pair --json`
+        show it: `id` (the code's part before its `-`) is what `DELETE
+        /v1/pairing-codes/{id}` and `taskward pairing-codes revoke` take, so the maker
+        of a code can take it back without listing the outstanding ones."""
+        return {"id": self.code.partition("-")[0], "code": self.code,
+                "expires_at": iso(self.expires_at), "scopes": sorted(self.scopes)}
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,10 @@ def run(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_pair_prints_a_code(run: Any) -> None:
     code = run("pair", "--scopes", "tasks:read,models:read", "--json")
-    assert set(code) == {"code", "expires_at", "scopes"}
+    assert set(code) == {"id", "code", "expires_at", "scopes"}
     assert code["scopes"] == ["models:read", "tasks:read"]
+    assert code["code"].startswith(code["id"] + "-")
+    assert [c["id"] for c in run("pairing-codes", "list", "--json")] == [code["id"]]
 
 
 def test_pair_with_token_creates_the_client_at_once(run: Any) -> None:

@@ -123,6 +123,17 @@ def test_a_revoked_code_is_refused_as_an_unknown_code_is(
     assert listed(admin) == []
 
 
+def test_a_minted_code_answers_the_id_its_maker_revokes_it_by(
+    http: TestClient[Any], admin: Caller
+) -> None:
+    minted = admin.post("/v1/pairing-codes", json={"scopes": ["tasks:read"]}).json()
+    assert minted["code"].startswith(minted["id"] + "-")
+    assert listed(admin) == [minted["id"]]
+
+    assert admin.delete(f"/v1/pairing-codes/{minted['id']}").status_code == 204
+    assert pair(http, minted["code"]).status_code == 401
+
+
 def test_revoking_a_code_that_is_not_outstanding_or_not_yours_is_404_and_changes_nothing(
     db: Database, http: TestClient[Any], admin: Caller
 ) -> None:
