@@ -23,8 +23,8 @@ import click
 
 COMMAND_MODULES = {
     "migrate": "process", "recover": "process", "sweep": "process", "sweeper": "process",
-    "run": "process", "serve": "serve", "pair": "operator", "pairing-codes": "operator",
-    "clients": "operator", "models": "operator", "tasks": "operator",
+    "run": "process", "serve": "serve", "pair": "clients", "pairing-codes": "clients",
+    "clients": "clients", "models": "operator", "tasks": "operator",
     "dead-letters": "operator",
     "schedules": "schedules",
 }

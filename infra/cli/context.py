@@ -22,6 +22,9 @@ from core.store.database import Database
 from core.store.outage import is_privilege_refused
 from infra.migrate import check_schema
 
+# What every command that shows objects or lists takes (docs/cli.md lists which).
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+
 
 @contextmanager
 def database(settings: Settings, *, check: bool = True,

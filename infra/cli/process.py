@@ -24,7 +24,7 @@ from core.settings import Settings, load_settings
 from core.store.recovery import SweepersAlive, sweeping
 from core.store.recovery import recover as recover_tasks
 from infra.cli import collector_paused
-from infra.cli.context import database, domain_errors, emit, privileges_named
+from infra.cli.context import JSON_OPTION, database, domain_errors, emit, privileges_named
 from infra.cli.listen_address import ensure_free, listen_options
 from infra.migrate import upgrade
 from infra.stop_signals import stop_then_hurry, wait_for
@@ -67,7 +67,7 @@ def migrate() -> None:
 @click.command()
 @click.option("--all", "all_nodes", is_flag=True,
               help="PostgreSQL: recover every node's tasks (a whole-service restart).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@JSON_OPTION
 def recover(all_nodes: bool, as_json: bool) -> None:
     """Cold-start hook: apply each leftover task's restart policy (idempotent)."""
     settings = load_settings()

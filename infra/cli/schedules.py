@@ -30,9 +30,8 @@ from core.schedules import (
 from core.store.clients import list_clients
 from core.store.database import Database
 from core.store.schedules import delete_schedule
-from infra.cli.context import emit, store
+from infra.cli.context import JSON_OPTION, emit, store
 
-_JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 _COLUMNS = ("id", "cron", "catch_up", "next_run_at", "client_id")
 
 
@@ -53,7 +52,7 @@ def _schedule_id(_ctx: click.Context, _param: click.Parameter, value: str | None
 @click.option("--limit", default=MAX_PAGE, show_default=True, type=click.IntRange(1, MAX_PAGE))
 @click.option("--after", default=None, metavar="SCHEDULE_ID", callback=_schedule_id,
               help="The page after this schedule (the one named by the previous page).")
-@_JSON
+@JSON_OPTION
 def schedules_list(client_id: str | None, limit: int, after: str | None, as_json: bool) -> None:
     """Newest first. When more follow, the command for the next page goes to standard
     error, so standard output stays the table or the one JSON document."""
@@ -74,7 +73,7 @@ def schedules_list(client_id: str | None, limit: int, after: str | None, as_json
               help="Missed slots fired after downtime (the latest ones).")
 @click.option("--client", "client_id", default=None,
               help="The owning client's id (default: the first admin client).")
-@_JSON
+@JSON_OPTION
 def schedules_add(cron: str, request_text: str | None, request_file: Path | None,
                   catch_up: int, client_id: str | None, as_json: bool) -> None:
     """Create a schedule; its first slot is the first one after now."""
