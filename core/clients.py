@@ -10,7 +10,7 @@ secret itself. Every check that compares a secret uses `core.ids.same_secret`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,8 @@ from sqlalchemy import Row
 from core.bodies import NO_CONTROL
 from core.clock import iso
 from core.errors import Forbidden, InvalidInput
-from core.quotas import LIMIT_NAMES, Limits
+from core.quotas import LIMIT_NAMES, Limits, first_looser
+from core.settings import Settings
 
 ADMIN = "admin"
 SCOPES: tuple[str, ...] = (
@@ -135,6 +136,20 @@ def require_may_limit(by: Client, client_id: str) -> None:
     if by.id == client_id and ADMIN not in by.scopes:
         raise Forbidden("own_limits_refused", "a client without admin may not change its "
                         "own limits")
+
+
+def require_within_own_limits(by: Client, granted: Mapping[str, Any], settings: Settings) -> None:
+    """`limits_exceed_own` unless `by` holds `admin` or none of the limits it sets or
+    hands out in `granted` (name -> value, None: the setting's default) is looser than
+    its own: else a tenant refused its own limits (`require_may_limit`) would mint a
+    `clients:admin` client to lift them, or pair unlimited workers."""
+    if ADMIN in by.scopes:
+        return
+    name = first_looser(granted, by.limits, settings)
+    if name is not None:
+        raise Forbidden("limits_exceed_own", f"{name} would be looser than the caller's own "
+                        "limit: a client without admin may not set or hand out more than "
+                        "it holds", extra={"field": name})
 
 
 def scope_text(scopes: Iterable[str]) -> str:

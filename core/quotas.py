@@ -12,6 +12,7 @@ Three limits, each stored on the client (NULL: the setting's default applies):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,3 +46,26 @@ def _or(own: Any, default: Any) -> Any:
 
 
 LIMIT_NAMES = tuple(Limits.__dataclass_fields__)
+# The limits where 0 means unlimited (`max_streams` is at least 1).
+_ZERO_IS_UNLIMITED = frozenset({"max_active_tasks", "requests_per_second"})
+
+
+def first_looser(
+    granted: Mapping[str, Any], own: Limits, settings: Settings
+) -> str | None:
+    """The name of the first limit in `granted` (name -> value, None: the setting's
+    default) that would allow more than `own` does, both with the defaults filled in;
+    None when none would. Only the names in `granted` are compared: a change of limits
+    is judged on the limits it sets, a pairing code on all of them."""
+    wanted = Limits(**granted).effective(settings)
+    bound = own.effective(settings)
+    return next((name for name in LIMIT_NAMES if name in granted
+                 and _looser(name, getattr(wanted, name), getattr(bound, name))), None)
+
+
+def _looser(name: str, value: float, bound: float) -> bool:
+    """Whether `value` allows more than `bound` for limit `name`: unlimited (0, where
+    0 means that) is looser than any number, and a bigger number is looser."""
+    if name in _ZERO_IS_UNLIMITED and (bound == 0 or value == 0):
+        return bound != 0
+    return value > bound

@@ -17,6 +17,7 @@ from core.clients import (
     pairing_code_object,
     parse_scopes,
     require_may_limit,
+    require_within_own_limits,
 )
 from core.errors import Forbidden
 from core.quotas import Limits
@@ -79,12 +80,15 @@ async def pair(data: JSONBody[PairBody], services: Services) -> dict[str, Any]:
 async def new_pairing_code(
     request: ClientRequest, services: Services, data: JSONBody[PairingCodeBody | None] = None
 ) -> dict[str, Any]:
-    """A one-time pairing code; a client can only hand out scopes it holds itself.
-    Without a body (it is optional, docs/http-api.md): the default scopes, no name."""
+    """A one-time pairing code; a client can only hand out scopes it holds itself, and
+    without `admin` no limit looser than its own (the defaults count for a limit left
+    out). Without a body (it is optional, docs/http-api.md): the default scopes, no
+    name."""
     data = data or PairingCodeBody()
     scopes = parse_scopes(data.scopes)
     if not all(request.user.allows(scope) for scope in scopes):
         raise Forbidden("scope_not_held", "a client can only grant scopes it holds itself")
+    require_within_own_limits(request.user, data.limits().columns(), services.settings)
     issued = await blocking(create_pairing_code, services.db, scopes=scopes, name=data.name,
                             ttl_seconds=services.settings.pairing_code_ttl_seconds,
                             limits=data.limits(), created_by=request.user.id)
@@ -136,10 +140,13 @@ async def change_client_limits(
 ) -> dict[str, Any]:
     """Change a client's limits: only the fields sent change (null: back to the
     default). Honoured by this process at once, by every other within
-    `poll_interval_ms`. Only an `admin` may limit an `admin` client, or itself."""
+    `poll_interval_ms`. Only an `admin` may limit an `admin` client, or itself; without
+    `admin`, no limit sent may be looser than the caller's own (one not sent is left
+    as it is, even if looser)."""
     require_may_limit(request.user, client_id)
-    row = await blocking(set_limits, services.db, client_id, data.model_dump(exclude_unset=True),
-                         by=request.user)
+    changes = data.model_dump(exclude_unset=True)
+    require_within_own_limits(request.user, changes, services.settings)
+    row = await blocking(set_limits, services.db, client_id, changes, by=request.user)
     services.tokens.forget()
     return client_object(row)
 
