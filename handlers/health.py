@@ -3,18 +3,40 @@
 from __future__ import annotations
 
 from litestar import get, head
-from sqlalchemy import and_, func, select
+from sqlalchemy import text
 
-from core.tables import tasks
+from core.tables import clients, metadata, service_config
 from handlers.auth import PUBLIC_ROUTE
 from handlers.errors import problem
 from handlers.services import ProcessServices, Services
 from handlers.threads import blocking
 
-# Whether the role of TASKWARD_DATABASE_URL may write the tasks table, both privileges
-# (`has_table_privilege` with a list answers whether ANY of them is held).
-_MAY_WRITE = select(and_(func.has_table_privilege(tasks.name, "INSERT"),
-                         func.has_table_privilege(tasks.name, "UPDATE")))
+# Whether this session takes writes (`transaction_read_only`: on for a hot standby and
+# wherever `default_transaction_read_only` is, set on the role, the database or in the
+# URL's `options`), and which privileges the role of TASKWARD_DATABASE_URL lacks on
+# taskward's tables, as "UPDATE on tasks", in order. SELECT, INSERT and UPDATE are
+# asked of every column taskward uses (`has_column_privilege` answers yes for the
+# table's privilege too, so grants on the table and on all its columns both pass),
+# DELETE of every table taskward deletes rows of. One statement, one round trip.
+# The tables the service reads and writes: `service_config` only migrations touch.
+_USED = [table for table in metadata.sorted_tables if table is not service_config]
+_WRITE_OBSTACLES = text("""
+SELECT current_setting('transaction_read_only') = 'on' AS read_only, ARRAY(
+    SELECT privilege || ' on ' || table_name FROM (
+        SELECT used.table_name, asked.privilege
+        FROM unnest(CAST(:tables AS text[]), CAST(:columns AS text[]))
+             AS used(table_name, column_name)
+        CROSS JOIN unnest(ARRAY['SELECT', 'INSERT', 'UPDATE']) AS asked(privilege)
+        WHERE NOT has_column_privilege(used.table_name, used.column_name, asked.privilege)
+        UNION
+        SELECT table_name, 'DELETE' FROM unnest(CAST(:deleted AS text[])) AS t(table_name)
+        WHERE NOT has_table_privilege(table_name, 'DELETE')
+    ) AS lacking ORDER BY table_name, privilege) AS lacking""").bindparams(
+    tables=[table.name for table in _USED for _ in table.columns],
+    columns=[column.name for table in _USED for column in table.columns],
+    # Every table but those whose rows taskward never deletes (clients are revoked).
+    deleted=[table.name for table in _USED if table is not clients])
+_LACKING_NAMED = 3  # a role granted nothing lacks ~40: the detail names the first few
 
 
 @get("/healthz", opt=PUBLIC_ROUTE, tags=["health"])
@@ -45,19 +67,30 @@ async def readyz_head(services: Services) -> None:
 
 def _ready(services: ProcessServices) -> None:
     """Raise unless this process can serve: `services.readiness` (the store answers, at
-    this code's schema), and on PostgreSQL a role that may write the tasks table. A role
-    granted SELECT alone passed the rest, was put in rotation and answered every write
-    `503 store_unavailable`; it is not ready, with the same code and the GRANT to make.
-    One more statement per probe (SQLite has no privileges)."""
+    this code's schema), and on PostgreSQL a session that takes writes and a role that
+    may write every table taskward writes. A role granted SELECT alone, or only on the
+    tasks table, or a read-only session (a standby, `default_transaction_read_only`)
+    passed the rest, was put in rotation and answered writes `503 store_unavailable`; it
+    is not ready, with the same code and what to change. One more statement per probe
+    (SQLite has no privileges)."""
     services.readiness()
     if services.db.is_sqlite:
         return
     with services.db.read() as conn:
-        may_write = conn.execute(_MAY_WRITE).scalar_one()
-    if not may_write:
-        raise problem(503, "store_unavailable", "the role of TASKWARD_DATABASE_URL may not "
-                      "write taskward's tables: grant it SELECT, INSERT, UPDATE, DELETE on "
-                      "them", headers={"Retry-After": "1"})
+        read_only, lacking = conn.execute(_WRITE_OBSTACLES).one()
+    refusals = []
+    if read_only:
+        refusals.append("the store takes no writes in this session (transaction_read_only "
+                        "is on: a hot standby, or default_transaction_read_only set on the "
+                        "role, the database or in the URL's options)")
+    if lacking:
+        more = len(lacking) - _LACKING_NAMED
+        named = ", ".join(lacking[:_LACKING_NAMED]) + (f" and {more} more" if more > 0 else "")
+        refusals.append(f"the role of TASKWARD_DATABASE_URL may not write taskward's tables "
+                        f"(it lacks {named}): grant it SELECT, INSERT, UPDATE, DELETE on them")
+    if refusals:
+        raise problem(503, "store_unavailable", "; ".join(refusals),
+                      headers={"Retry-After": "1"})
 
 
 ROUTES = [healthz, readyz, healthz_head, readyz_head]

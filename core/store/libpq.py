@@ -68,7 +68,7 @@ def bound_idle_transactions(engine: Engine, wait_seconds: float) -> None:
     the server's value is kept when it is non-zero and at most ours; one round trip
     per new connection. Only the pool's connections take it: the listener's and the
     API's batch connections are in autocommit and never hold a transaction open."""
-    if _IDLE_IN_TRANSACTION in _options(engine.url):
+    if _IDLE_IN_TRANSACTION in _folded_options(engine.url):
         return
     bound = {"ms": math.ceil(wait_seconds * 1000)}
 
@@ -89,10 +89,14 @@ _STRICTER_BOUND = (
     f"AND (setting::bigint = 0 OR setting::bigint > %(ms)s)")
 
 
-def _options(url: URL) -> str:
-    """The URL's libpq `options` (server settings at start-up), one string."""
+def _folded_options(url: URL) -> str:
+    """The URL's libpq `options` (server settings at start-up), one string, in lower
+    case and with `_` for `-`: the server reads a setting's name in any case and with
+    either (`-c IDLE-IN-TRANSACTION-SESSION-TIMEOUT=0` names it too), so a name looked
+    for in this is found however the operator spelled it."""
     given = url.query.get("options", "")
-    return given if isinstance(given, str) else " ".join(given)  # named more than once
+    joined = given if isinstance(given, str) else " ".join(given)  # named more than once
+    return joined.lower().replace("-", "_")
 
 
 def unknown_options(url: URL) -> list[str]:

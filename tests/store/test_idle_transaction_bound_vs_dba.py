@@ -31,3 +31,22 @@ def test_the_stricter_of_the_dbas_bound_and_taskwards_is_kept() -> None:
                     assert (dbas, bound.scalar_one()) == (dbas, kept)
             finally:
                 db.dispose()
+
+
+def test_the_operators_own_bound_in_the_urls_options_is_kept_however_spelled() -> None:
+    """The server reads a setting's name in any case and with `-` for `_`: each of these
+    options sets the bound, and taskward leaves it as the operator chose (0: none)."""
+    with private_pg_database() as url:
+        for option in ("-c idle_in_transaction_session_timeout=0",
+                       "-c idle-in-transaction-session-timeout=0",
+                       "-c IDLE_IN_TRANSACTION_SESSION_TIMEOUT=0",
+                       "--Idle-In-Transaction-Session-Timeout=0"):
+            with_option = make_url(url).update_query_dict({"options": option})
+            db = open_database(Settings(database_url=with_option.render_as_string(False),
+                                        store_wait_seconds=WAIT_SECONDS))
+            try:
+                with db.write() as conn:
+                    bound = conn.execute(text("SHOW idle_in_transaction_session_timeout"))
+                    assert (option, bound.scalar_one()) == (option, "0")
+            finally:
+                db.dispose()
