@@ -3,10 +3,13 @@
 attempt at a time, an attempt that finds every URL cooling sends nothing and is handed
 back with its attempt refunded, due when the first cool-down ends, and a claim takes
 no more of a model than this process can start: none while its URLs cool down, one for
-the probe when a cool-down ends (both stores for what touches the store)."""
+the probe when a cool-down ends, one among the models sharing a URL (both stores for
+what touches the store). A server answering that it is not ready (503 while it loads its
+model; 502, 504 from a gateway before it) cools its URL down as one that is down does."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +38,7 @@ from tests.scheduler.helpers import event_data
 from tests.scheduler.processes import free_port
 from tests.store.helpers import events_of, force, task_row
 from tests.upstream.helpers import MODEL, add_upstream, enqueue
-from tests.upstream.scripted import USAGE, Scripted, delta
+from tests.upstream.scripted import USAGE, LoopServer, Scripted, chunk, delta, read_request
 
 REQUEST = GenerationRequest([{"role": "user", "content": "count"}], max_output_tokens=4)
 LEASE_MS = 60_000
@@ -146,6 +149,34 @@ def test_a_claim_takes_one_task_for_the_probe_when_a_cool_down_ends() -> None:
     assert router.pick(MODEL, [url, other], set()) == other
     clock.ms += 10_000  # `url` awaits its probe, `other` is usable all along
     assert router.claim_caps() == {}
+
+
+def test_models_sharing_a_url_get_one_probe_task_among_them() -> None:
+    """Three models on one base URL: its probe is one task of one of them, not one
+    each (the other two would find the URL probed and be handed back). A lapsed
+    promise passes to the next model, so one with no task due keeps no one waiting;
+    one model alone on a URL still gets its probe each time."""
+    clock = HandClock(1_000_000)
+    router = Router(clock)
+    url, alone = "http://shared.test/v1", "http://alone.test/v1"
+    models = ["m1", "m2", "m3"]
+    for model in models:
+        assert router.pick(model, [url], set()) == url
+    router.failed("m1", url, UNAVAILABLE, cooldown_seconds=10)
+    assert router.pick("solo", [alone], set()) == alone
+    router.failed("solo", alone, UNAVAILABLE, cooldown_seconds=10)
+    assert router.claim_caps() == {"m1": 0, "m2": 0, "m3": 0, "solo": 0}
+    clock.ms += 10_000
+
+    for turn in [*models, "m1"]:  # each claim took none of the model whose turn it was
+        assert router.claim_caps() == {**dict.fromkeys(models, 0), turn: 1, "solo": 1}
+        assert router.claim_caps() == {**dict.fromkeys(models, 0), "solo": 0}
+        clock.ms += 2_000
+    assert router.claim_caps() == {**dict.fromkeys(models, 0), "m2": 1, "solo": 1}
+    assert router.pick("m2", [url], set()) == url  # the probe
+    assert router.claim_caps() == {**dict.fromkeys(models, 0), "solo": 0}
+    router.answered(url)
+    assert router.claim_caps() == {"solo": 0}
 
 
 # The engine.
@@ -341,3 +372,121 @@ def test_the_wait_an_engine_error_asks_for_is_rounded_up_to_whole_milliseconds()
     waits = [wait_ms_of(EngineError(UNAVAILABLE, "x", retryable=True,
                                     retry_after_seconds=ms / 1000)) for ms in range(1, 5000)]
     assert waits == list(range(1, 5000))
+
+
+# A server answering that it is not ready.
+
+class NotReady(LoopServer):
+    """A stand-in for a server restarting, outside this process: it answers `status`
+    (with `Retry-After: retry_after`, if given) until `ready` is set, then a short
+    answer. llama-server answers 503 "Loading model" so while it loads its weights,
+    for seconds to minutes; this one is told when to stop."""
+
+    def __init__(self, status: int = 503, retry_after: str | None = None) -> None:
+        self.status = status
+        self.retry_after = retry_after
+        self.ready = False
+        self.not_ready_answers = 0
+        super().__init__()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await read_request(reader)
+            if self.ready:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n")
+                for data in (delta("One"), delta("", "stop"), USAGE, b"data: [DONE]\n\n"):
+                    writer.write(chunk(data))
+                writer.write(b"0\r\n\r\n")
+            else:
+                self.not_ready_answers += 1
+                body = b'{"error":{"code":503,"message":"Loading model"}}'
+                retry = f"Retry-After: {self.retry_after}\r\n" if self.retry_after else ""
+                writer.write(f"HTTP/1.1 {self.status} Unavailable\r\n{retry}Content-Length: "
+                             f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+def not_ready() -> Iterator[Callable[..., NotReady]]:
+    servers: list[NotReady] = []
+
+    def make(status: int = 503, retry_after: str | None = None) -> NotReady:
+        servers.append(NotReady(status, retry_after))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def test_a_server_not_ready_cools_its_url_down_for_its_retry_after_or_the_cool_down(
+    not_ready: Callable[..., NotReady]
+) -> None:
+    """A 503 (or a gateway's 502, 504) is no answer to a probe: the URL cools down, for
+    the `Retry-After` given, else as long as after a refused connection, and the
+    attempt stays retryable. A 500 or a 429 cools nothing down."""
+    cases = [(503, None, 60.0), (503, "2", 2.0), (503, "0", 60.0), (502, None, 60.0),
+             (504, "3", 3.0), (500, None, 0.0), (429, "2", 0.0)]
+    for status, retry_after, cooldown in cases:
+        server = not_ready(status, retry_after)
+        router = out_of_cool_down(server.base_url)
+        loaded = OpenAIEngine(EngineOptions(upstream_cooldown_seconds=60), router).load(
+            UpstreamModel(MODEL, (server.base_url,), "smollm2", None, 8, 10))
+
+        with pytest.raises(EngineError) as failed:
+            list(loaded.generate(REQUEST, None, lambda: False))
+
+        assert failed.value.retryable, status
+        left = router.cooldown_left_seconds([server.base_url])
+        assert cooldown - 1 < left <= cooldown if cooldown else left == 0, (status, left)
+        assert router.claim_caps() == ({MODEL: 0} if cooldown else {}), status
+        assert server.not_ready_answers == 1
+
+
+def test_a_server_loading_its_model_costs_one_attempt_per_cool_down_not_the_backlog(
+    db: Database, quick: Settings, router: Router, not_ready: Callable[..., NotReady]
+) -> None:
+    """A server killed and restarted answers 503 while it loads (tests/rt: llama-server).
+    Five tasks of three attempts wait for it, the URL cooling down from the refused
+    connections before: each cool-down sends one probe, answered 503, and the others
+    are not claimed; none is dead-lettered, and once the server serves they complete.
+    Taken as an answer, the probe's 503 released all five to it, each spending its
+    three attempts on 503s within a second."""
+    cooldown = 0.25
+    settings = replace(quick, upstream_cooldown_seconds=cooldown)
+    server = not_ready()
+    model = add_upstream(db, [server.base_url])
+    cooled(router, server.base_url, cooldown)
+    task_ids = enqueue(db, 5, model=model, max_attempts=3, max_output_tokens=4)
+    loop = SweeperLoop(db, settings)
+
+    loop.start()
+    try:
+        deadline = time.monotonic() + 10
+        while server.not_ready_answers == 0:  # the first probe: the loop has started
+            assert time.monotonic() < deadline, "no probe reached the server"
+            time.sleep(0.01)
+        time.sleep(3 * cooldown)
+        loading_ended = db.clock.now_ms()
+        server.ready = True
+        deadline = time.monotonic() + 10
+        while not all(task_row(db, t).status == Status.COMPLETED for t in task_ids):
+            assert all(task_row(db, t).status != Status.FAILED for t in task_ids)
+            assert time.monotonic() < deadline, "the tasks did not complete"
+            time.sleep(0.05)
+    finally:
+        loop.stop()
+
+    assert 1 <= server.not_ready_answers <= 5, f"{server.not_ready_answers} probes answered 503"
+    events = queued_events(db, task_ids)
+    retries = [data for _, data in events if data["reason"] == "retry"]
+    assert len(retries) == server.not_ready_answers
+    assert all(e["error"]["message"] == f"upstream {server.base_url} answered 503"
+               for e in retries)
+    assert [data for at, data in events if data["reason"] == "released"
+            and at < loading_ended] == []

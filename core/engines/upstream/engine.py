@@ -2,12 +2,14 @@
 
 An attempt goes to the base URL `routing` picks. A connection that is refused, reset or
 times out cools that URL down and the attempt continues at once on another one; so does
-a retryable status (5xx, 408, 429) or a stream that breaks. Whatever was streamed before
-stays: the next URL is asked to continue it, exactly as a resumed task is, so output is
-never repeated or lost. When no URL is left the last error ends the attempt (retryable
-ones are backed off by the worker, `Retry-After` or the cool-down as the floor). An
-attempt that found every URL cooling down before sending anything ends with `NoUrlNow`,
-which spends no attempt (the worker hands the task back).
+a 502, 503 or 504 (a server loading its model, or a gateway before one that is down: for
+its `Retry-After` if it gives one). Another retryable status (500, 408, 429) or a stream
+that breaks moves the attempt on too, but cools nothing down. Whatever was streamed
+before stays: the next URL is asked to continue it, exactly as a resumed task is, so
+output is never repeated or lost. When no URL is left the last error ends the attempt
+(retryable ones are backed off by the worker, `Retry-After` or the cool-down as the
+floor). An attempt that found every URL cooling down before sending anything ends with
+`NoUrlNow`, which spends no attempt (the worker hands the task back).
 
 The snapshot is `{"v", "text", "output_tokens", "input_tokens"}`: the text generated so
 far (all attempts of the task), the tokens it took, and the original prompt's size.
@@ -243,7 +245,7 @@ class _Relay:
     def put(self, item: Any) -> None:
         with self._lock:
             if self._answered is not None:  # the first item only: END follows a failure
-                if not isinstance(item, BaseException):
+                if _server_up(item):
                     self._answered()
                 self._answered = None
             if self._closed:
@@ -272,6 +274,16 @@ class _Relay:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+
+
+def _server_up(first: Any) -> bool:
+    """Whether a request's first item shows its server up, answering a probe: not a
+    transport failure, nor a status saying the server is not ready (a probe's 503
+    "Loading model" taken as an answer released every waiting task to the URL, each to
+    spend an attempt on the same 503)."""
+    if isinstance(first, transport.Status):
+        return not protocol.not_ready(first.code)
+    return not isinstance(first, BaseException)
 
 
 class _Failover(Exception):
@@ -404,7 +416,7 @@ class UpstreamLoaded:
                 if isinstance(item, Chunk):
                     yield item
                 elif isinstance(item, transport.Status):
-                    self._refused(url, protocol.status_error(url, item.code, item.retry_after))
+                    self._status(url, item)
                 elif isinstance(item, transport.Compressed):
                     self._refused(url, protocol.compressed(url))
                 elif isinstance(item, EngineError):
@@ -415,6 +427,19 @@ class UpstreamLoaded:
             relay.close()
             if not ended:
                 stream.cancel()
+
+    def _status(self, url: str, status: transport.Status) -> None:
+        """A status other than 200. One saying the server is not ready cools the URL
+        down for its `Retry-After` (when positive: a date already past is a clock
+        apart, not a promise), else as a refused connection does; the attempt goes on
+        to the next URL either way."""
+        error = protocol.status_error(url, status.code, status.retry_after)
+        if protocol.not_ready(status.code):
+            cooldown = error.retry_after_seconds or self._options.upstream_cooldown_seconds
+            self._router.failed(self._entry.model_id, url, error.code,
+                                cooldown_seconds=cooldown)
+            raise _Failover(error)
+        self._refused(url, error)
 
     def _refused(self, url: str, error: EngineError) -> None:
         self._router.failed(self._entry.model_id, url, error.code, cooldown_seconds=0)

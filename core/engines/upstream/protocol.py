@@ -23,6 +23,10 @@ REJECTED = "upstream_rejected"
 STREAM_BROKEN = "upstream_stream_broken"
 KEY_MISSING = "upstream_key_missing"
 _RETRYABLE_STATUSES = frozenset({408, 500, 502, 503, 504})
+# Statuses that say the server is not there yet rather than that it failed this request:
+# a server loading its model (llama-server's 503 "Loading model"), or a gateway in front
+# of one that is down or restarting (502, 504).
+_NOT_READY_STATUSES = frozenset({502, 503, 504})
 _MAX_RETRY_AFTER_SECONDS = 3600.0  # a floor for the backoff, not a way to park tasks
 MAX_TOKENS = 2**31 - 1  # what the store's token counts hold (INTEGER on PostgreSQL)
 _COUNT_DIGITS = len(str(MAX_TOKENS))
@@ -140,6 +144,14 @@ def status_error(url: str, status: int, retry_after: str | None) -> EngineError:
                            retry_after_seconds=floor)
     note = " (redirects are not followed)" if 300 <= status < 400 else ""
     return EngineError(REJECTED, f"upstream {url} answered {status}{note}", retryable=False)
+
+
+def not_ready(status: int) -> bool:
+    """Whether `status` says the server cannot serve yet, so its URL is cooled down like
+    one refusing connections: every attempt sent there meanwhile would spend itself on
+    the same answer. A 500 (this request failed) or a 429 (`Retry-After` floors the
+    backoff already) says nothing of the next request."""
+    return status in _NOT_READY_STATUSES
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:

@@ -12,7 +12,8 @@ server that is still down, each spending an attempt. An attempt that finds every
 cooling sends nothing (`NoUrlNow`). So that the worker does not claim work it cannot
 start, only to hand it back, its claim takes no task of a model while that holds, and
 one task alone (the probe's) while its only usable URLs await their probe
-(`claim_caps`).
+(`claim_caps`). The probe is the URL's, not the model's: models sharing a base URL get
+one probe task among them, not one each.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ from core.engines.upstream.protocol import UNAVAILABLE
 # takes from its claim to its first pick on a busy machine, short enough that when the
 # claim found none of the model's tasks due, the next task is not kept waiting long.
 _PROBE_PROMISE_MS = 2_000
+
+
+@dataclass(frozen=True)
+class _Promise:
+    """A URL's probe, promised to a claim of `model`'s tasks at `at_ms` (`claim_caps`)."""
+
+    model: str
+    at_ms: int
 
 
 @dataclass
@@ -64,9 +73,9 @@ class Router:
         self._cool_until: dict[str, int] = {}
         self._probing: set[str] = set()  # URLs whose probe has not been answered yet
         self._urls_of: dict[str, tuple[str, ...]] = {}  # model id → its base URLs, as picked
-        # Model id → when a claim was last told it may take a task for the model's probe;
-        # removed by that task's `pick` (`claim_caps`).
-        self._probe_promised: dict[str, int] = {}
+        # URL awaiting its probe → the model whose claim was last told it may take a
+        # task for it; removed by that task's `pick` (`claim_caps`).
+        self._promises: dict[str, _Promise] = {}
         self._reports = Reports()
 
     def pick(self, model_id: str, urls: Sequence[str], tried: set[str]) -> str | None:
@@ -77,7 +86,10 @@ class Router:
         now = self._clock.now_ms()
         with self._lock:
             self._urls_of[model_id] = tuple(urls)
-            self._probe_promised.pop(model_id, None)
+            for u in urls:
+                promise = self._promises.get(u)
+                if promise is not None and promise.model == model_id:
+                    del self._promises[u]
             usable = [u for u in urls if u not in tried and self._usable(u, now)]
             url = min(usable, key=lambda u: self._in_flight[u], default=None)
             if url is not None and self._cool_until.pop(url, None) is not None:
@@ -102,22 +114,51 @@ class Router:
         their probe (that task's attempt is the probe; the others would find no URL and
         be handed back). A model not named has no cap: a URL of it is plainly usable.
 
-        A 1 is a promise to the one claim asking: until the task it takes picks its URL
-        (or `_PROBE_PROMISE_MS` pass, the claim having taken none), the next claims get
-        0, since the worker claims again as soon as a claim has started work."""
+        A 1 is a promise to the one claim asking, recorded on the URLs awaiting their
+        probe that it is for: until the task it takes picks its URL (or
+        `_PROBE_PROMISE_MS` pass, the claim having taken none), the next claims get 0
+        for that model, since the worker claims again as soon as a claim has started
+        work. The promise is the URL's, not the model's: models sharing a URL would
+        otherwise each get a task claimed for its one probe, all but the first handed
+        back. So the others get 0 for it meanwhile, and a lapsed promise passes to the
+        next model sharing the URL: a model with no task due does not keep the others'
+        probe waiting."""
         now = self._clock.now_ms()
         with self._lock:
             caps = {}
             for model, urls in self._urls_of.items():
                 if any(self._plainly_usable(u) for u in urls):
                     continue
-                probe_due = any(self._usable(u, now) for u in urls)
-                promised_at = self._probe_promised.get(model)
-                promised = promised_at is not None and now - promised_at < _PROBE_PROMISE_MS
-                caps[model] = 1 if probe_due and not promised else 0
-                if caps[model]:
-                    self._probe_promised[model] = now
+                due = [u for u in urls if self._usable(u, now)]
+                if any(self._promised(u, now, model) for u in due):
+                    caps[model] = 0
+                    continue
+                offered = [u for u in due
+                           if not self._promised(u, now) and self._turn_of(u) == model]
+                for u in offered:
+                    self._promises[u] = _Promise(model, now)
+                caps[model] = 1 if offered else 0
             return caps
+
+    def _promised(self, url: str, now: int, model: str | None = None) -> bool:
+        """Whether `url`'s probe is promised to a claim (of `model`'s tasks, if given)
+        and the promise has not lapsed (the lock held)."""
+        promise = self._promises.get(url)
+        return (promise is not None and now - promise.at_ms < _PROBE_PROMISE_MS
+                and model in (None, promise.model))
+
+    def _turn_of(self, url: str) -> str | None:
+        """The model whose claim may take `url`'s probe task next: the one after the
+        model of its lapsed promise among those resting on it, in the order `pick` first
+        saw them (the lock held)."""
+        resting = [m for m, us in self._urls_of.items()
+                   if url in us and not any(self._plainly_usable(u) for u in us)]
+        promise = self._promises.get(url)
+        if not resting:
+            return None
+        if promise is None or promise.model not in resting:
+            return resting[0]
+        return resting[(resting.index(promise.model) + 1) % len(resting)]
 
     def _plainly_usable(self, url: str) -> bool:
         """Usable without a probe: never cooled down, or its probe answered or ended
