@@ -15,16 +15,29 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, Row, bindparam, func, select, update
+from sqlalchemy.exc import DBAPIError
 
 from core.engines.base import Usage
+from core.errors import CancelRequested, LeaseLost
 from core.ids import new_owner_token
-from core.states import DEAD_LETTER_ERROR, OnRestart, Status
+from core.states import OnRestart, Status
 from core.store import capacity, pg_claims
 from core.store.database import Database, logged
 from core.store.line import place_due
 from core.store.models import ModelEntry, entries
-from core.store.transitions import Add, Event, Held, IfNull, Locked, PerRow, encoded, move
-from core.tables import IS_IN_LINE, IS_LEASED, responses, status_in, task_events, tasks
+from core.store.outage import is_connection_lost
+from core.store.redo_dropped import read_after_drop
+from core.store.transitions import (
+    Add,
+    Event,
+    IfNull,
+    Locked,
+    PerRow,
+    dead_letter,
+    encoded,
+    move,
+)
+from core.tables import IS_ACTIVE, IS_IN_LINE, IS_LEASED, responses, status_in, task_events, tasks
 
 # Whether the last claim through a `Database` found upstream models registered (before
 # the first: assumed so). While none are (or no upstream slot is free), a claim on
@@ -73,14 +86,32 @@ def claim(
     and the upstream pool, only when upstream models exist, by the statements below;
     while none exist, that one statement is the whole transaction (`_UPSTREAM_MODELS`).
     Each claim carries its model's registry entry, read in this transaction.
+    A claim whose connection dropped may have committed, its reply alone lost: what it
+    took is handed back (`_hand_back`) before the drop is raised.
     """
     if limit <= 0 and upstream_limit <= 0:
         return []
+    owner = new_owner_token()
+    try:
+        return _take_due(db, owner, limit=limit, lease_ms=lease_ms, node_id=node_id,
+                         upstream_limit=upstream_limit, caps=caps)
+    except DBAPIError as exc:
+        if is_connection_lost(exc):
+            _hand_back(db, owner, node_id)
+        raise
+
+
+def _take_due(
+    db: Database, owner: str, *, limit: int, lease_ms: int, node_id: str, upstream_limit: int,
+    caps: Mapping[str, int],
+) -> list[Claim]:
+    """`claim`'s work, its tasks taken under `owner` (the one statement's and the
+    transaction's alike: when the statement took something, it is the claim)."""
     if db.data_modifying_ctes and not (_UPSTREAM_MODELS.get(db, True) and upstream_limit > 0):
         # The local pool in one statement that is its own transaction. When a waiting
         # task is due it claimed nothing, and the claim below places it first; when it
         # claimed nothing and found upstream models, the claim below takes their tasks.
-        now, owner = db.clock.now_ms(), new_owner_token()
+        now = db.clock.now_ms()
         rows, waiting, upstream_models = pg_claims.claim_alone(
             db, now=now, limit=max(limit, 0), owner=owner, lease_until=now + lease_ms,
             node_id=node_id)
@@ -90,7 +121,6 @@ def claim(
             return _local(rows, owner)
     with db.write_events() as conn:
         now = db.clock.now_ms()
-        owner = new_owner_token()
         local: list[Claim] = []
         resumable: list[Row[Any]] = []
         queued: list[Row[Any]] = []
@@ -134,6 +164,42 @@ def claim(
         found = entries(conn, (candidate.model for _, candidate in taken))
         return local + [_claim(candidate, row.attempts, owner, candidate.model in limits,
                                found.get(candidate.model)) for row, candidate in taken]
+
+
+def _hand_back(db: Database, owner: str, node_id: str) -> None:
+    """Hand back the tasks a claim whose connection dropped took, if it committed with
+    its reply alone lost (a network blip, a pooler's restart): no attempt was started
+    for them, and under an owner token nobody holds they would wait out their lease and
+    then spend an attempt by their restart policy (`on_restart: fail` ending
+    `worker_lost`, a last attempt dead-lettered). Each is released as a graceful stop
+    releases it (`worker_writes.release`: the attempt refunded, a `resume` task left
+    running without a lease, due at once); a cancel asked meanwhile is honoured. The
+    claim's events landed with it, so its log reads: claimed, then handed back. Read on
+    a fresh connection after a short pause or a few (`redo_dropped.read_after_drop`);
+    a store that stays away leaves them to their leases, as before."""
+    # Here, not at the top: not on a sweeper's path to its first claim (issue 15).
+    from core.store.worker_writes import finish_cancelled, release
+
+    try:
+        held = read_after_drop(
+            db, lambda conn: conn.execute(_HELD, {"p_owner": owner, "p_node": node_id}).all())
+        # The lost reply took the claim's announcement: this process's streams read the log.
+        db.announce_committed_events(row.id for row in held)
+        for row in held:
+            try:
+                release(db, row.id, owner, attempt=row.attempts)
+            except CancelRequested:
+                finish_cancelled(db, row.id, owner)
+            except LeaseLost:
+                continue  # its lease ran out meanwhile: lease expiry moved it
+    except DBAPIError as exc:
+        if not is_connection_lost(exc):
+            raise
+
+
+# The tasks a claim's owner token holds, among its node's (`ix_tasks_node`).
+_HELD = select(tasks.c.id, tasks.c.attempts).where(
+    IS_ACTIVE, tasks.c.node_id == bindparam("p_node"), tasks.c.owner_token == bindparam("p_owner"))
 
 
 def _local(rows: list[Any], owner: str) -> list[Claim]:
@@ -270,17 +336,6 @@ def _claim(
                  usage=(Usage(candidate.input_tokens, candidate.output_tokens) if resumed
                         else Usage()),
                  items_opened=candidate.items_opened, upstream=upstream, model_entry=entry)
-
-
-def dead_letter(conn: Connection, now: int, where: Held | Locked, *, expected: Status,
-                error: dict[str, str] = DEAD_LETTER_ERROR) -> int:
-    """Fail tasks whose attempts are spent, marked as dead letters, with `error`; how
-    many."""
-    return len(move(conn, now=now, expected={expected}, where=where, to=Status.FAILED,
-                    events=[Event("response.failed", {"error": error, "dead_lettered": True})],
-                    values={"finished_at": now, "owner_token": None, "lease_expires_at": None,
-                            "error_code": error["code"], "error_message": error["message"],
-                            "dead_lettered": 1}))
 
 
 def _reset_output(conn: Connection, ids: Sequence[str], now: int) -> None:

@@ -53,6 +53,7 @@ class Named(Protocol):
 
 W = TypeVar("W", bound=Named)
 R = TypeVar("R")  # what a write answers for an item it wrote (most: None)
+T = TypeVar("T")  # what a read answers
 Answer = Exception | None  # an item's: None once written, or why its fence did not hold
 WriteAll = Callable[[Sequence[W]], list[R | Exception]]
 # How one item's landing shows, read in a transaction of its own after a drop.
@@ -79,6 +80,22 @@ def write_through_drops(
             return [answers[i] for i in range(len(items))]
         except DBAPIError as exc:
             if landed is None or tried == len(TRY_PAUSES_SECONDS) or not is_connection_lost(exc):
+                raise
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+def read_after_drop(db: Database, read: Callable[[Connection], T]) -> T:
+    """`read(conn)` in a read transaction of its own, after each pause of the tries in
+    turn until one is not dropped: how a write whose connection dropped, and that cannot
+    be redone item by item (a claim, `core.store.claims`), finds out what landed. The
+    drop is raised after the last try, or any other error at once."""
+    for tried, pause in enumerate(TRY_PAUSES_SECONDS, start=1):
+        time.sleep(pause)
+        try:
+            with db.read() as conn:
+                return read(conn)
+        except DBAPIError as exc:
+            if tried == len(TRY_PAUSES_SECONDS) or not is_connection_lost(exc):
                 raise
     raise AssertionError("unreachable: the last try returns or raises")
 

@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 
 from core.errors import ForbiddenTransition
-from core.states import Status, is_allowed
+from core.states import DEAD_LETTER_ERROR, Status, is_allowed
 from core.store.bulk import insert_rows
 from core.store.database import logged
 from core.store.driver import driver_cursor, placeholder
@@ -324,3 +324,14 @@ def numbered_rows(
     return [{"task_id": task_id, "seq": first + offset, "type": event.type,
              "created_at": now, "data": encoded(event.data)}
             for offset, event in enumerate(events)]
+
+
+def dead_letter(conn: Connection, now: int, where: Held | Locked, *, expected: Status,
+                error: dict[str, str] = DEAD_LETTER_ERROR) -> int:
+    """Fail tasks whose attempts are spent, marked as dead letters, with `error`; how
+    many."""
+    return len(move(conn, now=now, expected={expected}, where=where, to=Status.FAILED,
+                    events=[Event("response.failed", {"error": error, "dead_lettered": True})],
+                    values={"finished_at": now, "owner_token": None, "lease_expires_at": None,
+                            "error_code": error["code"], "error_message": error["message"],
+                            "dead_lettered": 1}))

@@ -20,12 +20,11 @@ from core.clock import iso
 from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
 from core.states import ERROR_MESSAGE_CHARS, OnRestart, Status, spent_by
-from core.store.claims import dead_letter
 from core.store.database import Database
 from core.store.output_flush import add_outputs as add_outputs  # also the completion's
 from core.store.output_flush import append_events
 from core.store.redo_dropped import NOT_LANDED, Answer, Landed, Landing, write_through_drops
-from core.store.transitions import Add, Event, Held, PerRow, move
+from core.store.transitions import Add, Event, Held, PerRow, dead_letter, move
 from core.tables import responses, tasks
 
 
