@@ -1,10 +1,5 @@
-"""Client commands: pair, pairing-codes, clients.
-
-They work on the store directly (an operator on the machine needs no token) through
-the same core functions the API calls, so a CLI answer and an API answer agree. Each
-that shows objects or lists prints a table, or one JSON document with `--json`; those
-that revoke print one line and take no `--json` (docs/cli.md lists which).
-"""
+"""Client commands: pair, pairing-codes, clients; on the store directly, and printing,
+as the other operator commands do (`infra.cli.operator` says how)."""
 
 from __future__ import annotations
 
