@@ -18,9 +18,9 @@ from core.engines.base import Usage
 from core.states import Status
 from core.store.database import Database
 from core.store.pg_completion import complete_alone
-from core.store.redo_dropped import NOT_LANDED, Answer, Landing, write_through_drops
+from core.store.redo_dropped import Answer, Landing, write_through_drops
 from core.store.transitions import Event, Held, PerRow, insert_events, move
-from core.store.worker_writes import add_outputs, fenced, start_all, terminal_values
+from core.store.worker_writes import add_outputs, fenced, start_all, terminal_values, unless_held
 from core.tables import tasks
 
 
@@ -82,10 +82,8 @@ def _completion_landed(conn: Connection, c: Completion) -> Answer | Landing:
                        .where(tasks.c.id == c.task_id)).first()
     if row is not None and row.status == Status.COMPLETED and row.attempts == c.attempt:
         return None
-    expected = Status.LOADING if c.start else Status.RUNNING
-    if row is not None and row.owner_token == c.owner and row.status == expected:
-        return NOT_LANDED
-    return fenced(conn, c.task_id, c.owner)
+    return unless_held(conn, c.task_id, c.owner, row,
+                       {Status.LOADING if c.start else Status.RUNNING})
 
 
 def _complete_all(db: Database, completions: Sequence[Completion]) -> list[Answer]:

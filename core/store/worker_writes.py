@@ -9,7 +9,7 @@ nothing more.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -59,29 +59,19 @@ def heartbeat(db: Database, task_id: str, owner: str, *, lease_ms: int) -> Statu
         return Status(row.status)
 
 
-@dataclass(frozen=True)
-class _Start:
-    task_id: str
-    owner: str
-
-
 def start_running(db: Database, task_id: str, owner: str) -> None:
     """`loading -> running` once the model is loaded (redone after a dropped connection
     unless it landed: `_start_landed`)."""
-    [failure] = write_through_drops(db, [_Start(task_id, owner)], partial(_start_alone, db),
-                                    _start_landed)
-    if failure is not None:
-        raise failure
+    start = _Ending(task_id, owner, None)
+    _end_through_drops(db, start, partial(_start_alone, db, start), _start_landed)
 
 
-def _start_alone(db: Database, starts: Sequence[_Start]) -> list[Answer]:
-    [start] = starts
+def _start_alone(db: Database, start: _Ending) -> None:
     with db.write_events() as conn:
         _start(conn, db.clock.now_ms(), start.task_id, start.owner)
-    return [None]
 
 
-def _start_landed(conn: Connection, start: _Start) -> Answer | Landing:
+def _start_landed(conn: Connection, start: _Ending) -> Answer | Landing:
     """The start landed once its owner holds the task `running` (nothing else moves it
     there while that owner holds it); not while still `loading`."""
     row = _held(conn, start.task_id, start.owner)
@@ -222,10 +212,10 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class _Ending:
-    """An attempt's terminal write: its task, its owner token and its number
-    (`Claim.attempt`), which tells the write's landing after a dropped connection from
-    what another process did meanwhile (None: not known, and a drop is raised as it is;
-    a cancel's landing does not need it)."""
+    """An attempt's write of its start or its end: its task, its owner token and its
+    number (`Claim.attempt`), which tells an ending's landing after a dropped connection
+    from what another process did meanwhile (None: not known, and a drop is raised as it
+    is; a start's or a cancel's landing does not need it)."""
 
     task_id: str
     owner: str
@@ -239,14 +229,15 @@ class _Ending:
         """`landed`, which needs the attempt's number, when it is known."""
         return landed if self.attempt is not None else None
 
-    def unless_held(self, conn: Connection, row: Row[*tuple[Any, ...]] | None,
-                    states: frozenset[Status]
-                    ) -> Exception | Landing:
-        """For a write not found landed: `NOT_LANDED` while its owner still holds the
-        task in `states`, as the write expected it; else why its fence did not hold."""
-        if row is not None and row.owner_token == self.owner and row.status in states:
-            return NOT_LANDED
-        return fenced(conn, self.task_id, self.owner)
+
+def unless_held(conn: Connection, task_id: str, owner: str, row: Row[*tuple[Any, ...]] | None,
+                states: Collection[Status]) -> Exception | Landing:
+    """For a write not found landed (`row`: the task's `status` and `owner_token`):
+    `NOT_LANDED` while `owner` still holds the task in `states`, as the write expected
+    it; else why its fence did not hold."""
+    if row is not None and row.owner_token == owner and row.status in states:
+        return NOT_LANDED
+    return fenced(conn, task_id, owner)
 
 
 def _end_through_drops(
@@ -303,7 +294,7 @@ def _fail_landed(conn: Connection, ending: _Ending, *, code: str, message: str
             and not row.dead_lettered and row.error_code == code
             and row.error_message == message[:ERROR_MESSAGE_CHARS]):
         return None
-    return ending.unless_held(conn, row, _WORKING)
+    return unless_held(conn, ending.task_id, ending.owner, row, _WORKING)
 
 
 def finish_cancelled(db: Database, task_id: str, owner: str) -> None:
@@ -395,7 +386,7 @@ def _requeue_landed(conn: Connection, ending: _Ending, *, code: str, message: st
         if (row.status == Status.FAILED and row.dead_lettered
                 and row.error_message == spent_by(code, message)["message"]):
             return False
-    return ending.unless_held(conn, row, _WORKING)
+    return unless_held(conn, ending.task_id, ending.owner, row, _WORKING)
 
 
 def release(
@@ -445,4 +436,4 @@ def _release_landed(conn: Connection, ending: _Ending) -> None | Exception | Lan
     row = _task(conn, ending.task_id)
     if row is not None and row.attempts == ending.attempt - 1:
         return None
-    return ending.unless_held(conn, row, _WORKING)
+    return unless_held(conn, ending.task_id, ending.owner, row, _WORKING)
