@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from http import HTTPStatus
 from typing import Any
 
@@ -31,6 +30,7 @@ from core.bodies import field_path
 from core.errors import DomainError, TooManyRequests, Unauthorized, unstorable_value
 from core.failure_streak import FailureTally
 from core.objects import task_object
+from core.store.outage import outage_cause
 from handlers.limits import limit_header, reset_header
 from handlers.slow_clients import BodyTimeout, ClientDisconnected
 from handlers.threads import store_unavailable
@@ -39,32 +39,8 @@ log = logging.getLogger("taskward.http")
 
 # Clients retry a 503 every second (`Retry-After: 1`): one line per answer would be
 # one per client a second for as long as the store is out. One tally per cause
-# (`_outage_cause`): a new cause (a full server where it was down) is told at once.
+# (`core.store.outage.outage_cause`): a new cause (a full server where it was down) is told at once.
 _OUTAGE_ANSWERS: dict[tuple[str, str], FailureTally] = {}
-# What an outage's SQLSTATE is logged with: PostgreSQL's condition, in fixed words,
-# for the codes an outage has; any other code by its class (its first two characters).
-# The driver's message is never logged: it may quote a statement's data.
-_CONDITIONS = {
-    "08006": "connection failure", "25006": "read-only transaction",
-    "25P03": "idle-in-transaction session timeout", "42501": "insufficient privilege",
-    "53100": "disk full", "53200": "out of memory", "53300": "too many connections",
-    "57014": "statement cancelled", "57P01": "session ended by an administrator",
-    "57P02": "server crashed", "57P03": "server not accepting connections yet",
-}
-_CONDITION_CLASSES = {
-    "08": "connection exception", "25": "invalid transaction state",
-    "28": "authentication refused", "3D": "no such database", "40": "transaction rollback",
-    "42": "access rule violation", "53": "insufficient resources",
-    "55": "object not in prerequisite state", "57": "operator intervention",
-    "58": "system error", "XX": "internal error",
-}
-# A refused connection carries no SQLSTATE (libpq keeps only the server's message):
-# these words of the server's (English) refusal tell the code, and nothing else of the
-# message is used.
-_REFUSALS_BY_WORDS = (("too many", "53300"), ("starting up", "57P03"),
-                      ("shutting down", "57P03"), ("recovery mode", "57P03"),
-                      ("not yet accepting", "57P03"))
-_SQLSTATE = re.compile(r"[0-9A-Z]{5}")
 _RETRYABLE_4XX = frozenset({408, 429})
 _HTTP_CODES = {
     400: "bad_request",
@@ -135,8 +111,9 @@ def problem_of(exc: Exception) -> ProblemDetailsException:
 
 def _outage_answered(cause: BaseException) -> None:
     """Count a `503 store_unavailable` answered for `cause` in its tally; its lines name
-    the class and what `_outage_cause` may say of it."""
-    said = _outage_cause(cause).replace("%", "%%")
+    the class and what `outage_cause` may say of it."""
+    said = outage_cause(cause).replace("%", "%%")
+    said = f"; {said}" if said else ""
     tally = _OUTAGE_ANSWERS.get((type(cause).__name__, said))
     if tally is None:
         tally = _OUTAGE_ANSWERS[type(cause).__name__, said] = FailureTally(
@@ -144,28 +121,6 @@ def _outage_answered(cause: BaseException) -> None:
             f"store still unavailable (%s): %d more requests answered 503 "
             f"store_unavailable{said}")
     tally.failed(cause)
-
-
-def _outage_cause(cause: BaseException) -> str:
-    """What may be logged of a driver's error beside its class, so that a server that
-    refuses connections (too many) is told from one that is down, and a session an
-    administrator ended from a lost network: PostgreSQL's SQLSTATE and its condition
-    in fixed words, SQLite's result code name; "" for nothing more to say."""
-    sqlite_code = getattr(cause, "sqlite_errorname", None)
-    if isinstance(sqlite_code, str):
-        return f"; {sqlite_code}"
-    sqlstate = getattr(cause, "sqlstate", None)
-    if isinstance(sqlstate, str) and _SQLSTATE.fullmatch(sqlstate):
-        condition = _CONDITIONS.get(sqlstate) or _CONDITION_CLASSES.get(sqlstate[:2], "")
-        return f"; SQLSTATE {sqlstate}" + (f" ({condition})" if condition else "")
-    message = str(cause)
-    if not message.startswith("connection failed:"):  # psycopg's, for a failed connect
-        return ""
-    if "FATAL:" not in message:
-        return "; could not connect to the server"
-    found = next((code for words, code in _REFUSALS_BY_WORDS if words in message), None)
-    return ("; the server refused the connection" +
-            (f": SQLSTATE {found} ({_CONDITIONS[found]})" if found else ""))
 
 
 def _domain_problem(exc: DomainError) -> ProblemDetailsException:

@@ -1,9 +1,13 @@
 """Which store errors are an outage: the store is down or unreachable, ended the
 session under the caller, or takes no writes for now. Each passes by itself or by an
 operator's hand, so the API answers it `503 store_unavailable` and the CLI tells the
-operator to check the store, where any other error is a fault of taskward's own."""
+operator to check the store, where any other error is a fault of taskward's own; and
+what may be logged of one (`outage_cause`), so the API's 503 line tells a full server
+from a down one."""
 
 from __future__ import annotations
+
+import re
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -23,6 +27,32 @@ _REFUSALS = (_READ_ONLY, _INSUFFICIENT_PRIVILEGE)
 _CONNECTION_EXCEPTION = "08"
 _SESSION_ENDED = ("57P01", "57P02", "57P03")
 _CAUSES_LOOKED_AT = 8  # chains are short; a cycle of causes must not loop for ever
+
+# What an outage's SQLSTATE is logged with: PostgreSQL's condition, in fixed words,
+# for the codes an outage has; any other code by its class (its first two characters).
+# The driver's message is never logged: it may quote a statement's data.
+_CONDITIONS = {
+    "08006": "connection failure", _READ_ONLY: "read-only transaction",
+    "25P03": "idle-in-transaction session timeout",
+    _INSUFFICIENT_PRIVILEGE: "insufficient privilege",
+    "53100": "disk full", "53200": "out of memory", "53300": "too many connections",
+    "57014": "statement cancelled", "57P01": "session ended by an administrator",
+    "57P02": "server crashed", "57P03": "server not accepting connections yet",
+}
+_CONDITION_CLASSES = {
+    "08": "connection exception", "25": "invalid transaction state",
+    "28": "authentication refused", "3D": "no such database", "40": "transaction rollback",
+    "42": "access rule violation", "53": "insufficient resources",
+    "55": "object not in prerequisite state", "57": "operator intervention",
+    "58": "system error", "XX": "internal error",
+}
+# A refused connection carries no SQLSTATE (libpq keeps only the server's message):
+# these words of the server's (English) refusal tell the code, and nothing else of the
+# message is used.
+_REFUSALS_BY_WORDS = (("too many", "53300"), ("starting up", "57P03"),
+                      ("shutting down", "57P03"), ("recovery mode", "57P03"),
+                      ("not yet accepting", "57P03"))
+_SQLSTATE = re.compile(r"[0-9A-Z]{5}")
 
 
 def is_store_outage(exc: BaseException) -> bool:
@@ -71,3 +101,26 @@ def outage_behind(exc: BaseException) -> BaseException | None:
             return seen
         seen = seen.__cause__
     return None
+
+
+def outage_cause(cause: BaseException) -> str:
+    """What may be logged of a driver's error beside its class, so that a server that
+    refuses connections (too many) is told from one that is down, and a session an
+    administrator ended from a lost network: PostgreSQL's SQLSTATE and its condition
+    in fixed words, SQLite's result code name; "" for nothing more to say. The driver's
+    message is never quoted: it may hold a statement's data."""
+    sqlite_code = getattr(cause, "sqlite_errorname", None)
+    if isinstance(sqlite_code, str):
+        return sqlite_code
+    sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(sqlstate, str) and _SQLSTATE.fullmatch(sqlstate):
+        condition = _CONDITIONS.get(sqlstate) or _CONDITION_CLASSES.get(sqlstate[:2], "")
+        return f"SQLSTATE {sqlstate}" + (f" ({condition})" if condition else "")
+    message = str(cause)
+    if not message.startswith("connection failed:"):  # psycopg's, for a failed connect
+        return ""
+    if "FATAL:" not in message:
+        return "could not connect to the server"
+    found = next((code for words, code in _REFUSALS_BY_WORDS if words in message), None)
+    return ("the server refused the connection" +
+            (f": SQLSTATE {found} ({_CONDITIONS[found]})" if found else ""))
