@@ -69,19 +69,17 @@ def write_through_drops(
     comes."""
     answers: dict[int, R | Exception] = {}
     left = list(range(len(items)))
-    for tried, pause in enumerate((0.0, *TRY_PAUSES_SECONDS)):
-        if pause:  # not before the first: a zero sleep still yields the GIL
-            time.sleep(pause)
-        try:
-            if tried:
-                left = _not_landed(db, items, left, landed, answers)
-            if left or not tried:
-                answers.update(zip(left, write_all([items[i] for i in left]), strict=True))
-            return [answers[i] for i in range(len(items))]
-        except DBAPIError as exc:
-            if landed is None or tried == len(TRY_PAUSES_SECONDS) or not is_connection_lost(exc):
-                raise
-    raise AssertionError("unreachable: the last try returns or raises")
+
+    def write(tried: int) -> list[R | Exception]:
+        nonlocal left
+        if tried:
+            left = _not_landed(db, items, left, landed, answers)
+        if left or not tried:
+            answers.update(zip(left, write_all([items[i] for i in left]), strict=True))
+        return [answers[i] for i in range(len(items))]
+
+    # The first try at once; the redos only where each item's landing can be read.
+    return _tried_apart((0.0, *(TRY_PAUSES_SECONDS if landed is not None else ())), write)
 
 
 def read_after_drop(db: Database, read: Callable[[Connection], T]) -> T:
@@ -89,13 +87,27 @@ def read_after_drop(db: Database, read: Callable[[Connection], T]) -> T:
     turn until one is not dropped: how a write whose connection dropped, and that cannot
     be redone item by item (a claim, `core.store.claims`), finds out what landed. The
     drop is raised after the last try, or any other error at once."""
-    for tried, pause in enumerate(TRY_PAUSES_SECONDS, start=1):
-        time.sleep(pause)
+
+    def read_fresh(_tried: int) -> T:
+        with db.read() as conn:
+            return read(conn)
+
+    return _tried_apart(TRY_PAUSES_SECONDS, read_fresh)
+
+
+def _tried_apart(pauses: Sequence[float], attempt: Callable[[int], T]) -> T:
+    """`attempt(tried)`, the tries counted from 0, after each of `pauses` in turn (a zero
+    one: at once) until one is not dropped. The one rule of every store call redone
+    through a drop: a fresh connection may well work after a pause, so a drop is tried
+    again until the last try, which raises it; any other error is no drop's and is
+    raised at once."""
+    for tried, pause in enumerate(pauses):
+        if pause:  # a zero sleep still yields the GIL
+            time.sleep(pause)
         try:
-            with db.read() as conn:
-                return read(conn)
+            return attempt(tried)
         except DBAPIError as exc:
-            if tried == len(TRY_PAUSES_SECONDS) or not is_connection_lost(exc):
+            if tried == len(pauses) - 1 or not is_connection_lost(exc):
                 raise
     raise AssertionError("unreachable: the last try returns or raises")
 
