@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import get, head
 from sqlalchemy import text
 
+from core.store.outage import TABLE_PRIVILEGES
 from core.tables import clients, metadata, service_config
 from handlers.auth import PUBLIC_ROUTE
 from handlers.errors import problem
@@ -87,7 +88,7 @@ def _ready(services: ProcessServices) -> None:
         more = len(lacking) - _LACKING_NAMED
         named = ", ".join(lacking[:_LACKING_NAMED]) + (f" and {more} more" if more > 0 else "")
         refusals.append(f"the role of TASKWARD_DATABASE_URL may not write taskward's tables "
-                        f"(it lacks {named}): grant it SELECT, INSERT, UPDATE, DELETE on them")
+                        f"(it lacks {named}): grant it {TABLE_PRIVILEGES} on them")
     if refusals:
         raise problem(503, "store_unavailable", "; ".join(refusals),
                       headers={"Retry-After": "1"})

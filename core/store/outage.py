@@ -21,6 +21,10 @@ _READ_ONLY = "25006"
 # (a GRANT), not by a change of taskward's; psycopg raises it as a `ProgrammingError`.
 _INSUFFICIENT_PRIVILEGE = "42501"
 _REFUSALS = (_READ_ONLY, _INSUFFICIENT_PRIVILEGE)
+# What the role of TASKWARD_DATABASE_URL must be granted on taskward's tables, as a
+# GRANT spells it: the one next step of a refused privilege, named alike by `/readyz`
+# and by the CLI's line.
+TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
 # PostgreSQL's errors that end the session rather than the statement: a connection
 # exception (class 08) and the server ending its sessions (admin_shutdown, by
 # `pg_terminate_backend` too; crash_shutdown; cannot_connect_now).

@@ -19,7 +19,7 @@ from core.errors import DomainError, unstorable_value
 from core.settings import Settings, load_settings
 from core.store.connect import ProcessRole, open_database
 from core.store.database import Database
-from core.store.outage import is_privilege_refused
+from core.store.outage import TABLE_PRIVILEGES, is_privilege_refused
 from infra.migrate import check_schema
 
 # What every command that shows objects or lists takes (docs/cli.md lists which).
@@ -56,9 +56,9 @@ def privileges_named() -> Iterator[None]:
         said = next(iter(str(cause).strip().splitlines()), "")
         raise click.ClickException(
             f"the store refused this role ({type(cause).__name__}: {said}); grant the "
-            "role of TASKWARD_DATABASE_URL SELECT, INSERT, UPDATE, DELETE on taskward's "
-            "tables (GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
-            "<schema> TO <role>), then run the command again") from None
+            f"role of TASKWARD_DATABASE_URL {TABLE_PRIVILEGES} on taskward's tables "
+            f"(GRANT {TABLE_PRIVILEGES} ON ALL TABLES IN SCHEMA <schema> TO <role>), "
+            "then run the command again") from None
 
 
 @contextmanager
