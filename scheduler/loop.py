@@ -7,8 +7,9 @@ within milliseconds of its commit. What sets it before the next poll:
   commit, so every sweeper on every machine hears within milliseconds.
 - Same process as the API (`taskward run`): `Database.listen`, called after the
   announcing transaction commits — the only push SQLite has.
-- A freed slot; otherwise the poll timeout (`TASKWARD_POLL_INTERVAL_MS`). Tasks that
-  become due later (`run_at`, retry backoff) announce nothing, so the loop still polls,
+- A freed slot; the end of an upstream cool-down that held a claim back
+  (`Workers.idle_wait`); otherwise the poll timeout (`TASKWARD_POLL_INTERVAL_MS`). Tasks
+  that become due later (`run_at`, retry backoff) announce nothing, so the loop still polls,
   just less often when a push source exists.
 
 Cancels need no push: the lease keeper asks the store at each tick
@@ -128,7 +129,7 @@ class SweeperLoop:
                 continue  # more may be due; with no free slot of either kind, no statement
             if self._workers.caught_up():  # not merely out of free slots
                 self._caught_up.set()
-            self._wake.wait(self._idle_wait)
+            self._wake.wait(self._workers.idle_wait(self._idle_wait))
 
     def _caught_up_for_the_start_pass(self) -> bool:
         """The timer's gate before the start's pass: the claimer has caught up, or

@@ -87,6 +87,7 @@ class Workers:
         # kind filled every one, so that more of it may be due (set by `claim`).
         self._backlog_of = dict.fromkeys(self._slots, False)
         self._freed_at = 0.0  # `time.monotonic` of the latest slot freed
+        self._asked_caps = False  # whether the last claim asked the router for caps
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self.outcomes: Counter[str] = Counter()
@@ -193,6 +194,7 @@ class Workers:
         """Claim due work into the free slots and start it; returns how many started."""
         with self._lock:
             local, upstream = self._free(False), self._free(True)
+        self._asked_caps = upstream > 0
         if local <= 0 and upstream <= 0:
             return 0
         leased_at = self._db.clock.now_ms()  # no later than the lease's start
@@ -201,7 +203,7 @@ class Workers:
         taken = claims.claim(self._db, limit=local, upstream_limit=upstream,
                              lease_ms=int(self._settings.lease_seconds * 1000),
                              node_id=self._settings.node_id,
-                             caps=ROUTER.claim_caps() if upstream > 0 else {})
+                             caps=ROUTER.claim_caps() if self._asked_caps else {})
         with self._lock:
             # More may be due when a kind filled all its free slots: worth gathering slots.
             # A kind with no free slot was not asked: what its last claim found stands (a
@@ -236,6 +238,13 @@ class Workers:
             self._engines.start(partial(self._run_in_turn, in_turn, verify),
                                 f"engine-{in_turn[0].task_id}")
         return len(taken)
+
+    def idle_wait(self, longest: float) -> float:
+        """How long the claimer may sleep with nothing announced: `longest`, or less when
+        the last claim held a model's tasks back for a cool-down here: until it ends
+        (`Router.caps_lift_in_seconds`), as no announcement or freed slot marks that."""
+        lift = ROUTER.caps_lift_in_seconds() if self._asked_caps else None
+        return longest if lift is None else min(longest, lift)
 
     def _run_in_turn(self, batch: deque[Attempt], verify: VerifyModel) -> None:
         """A claim's local attempts, one after another on one engine thread: waking a

@@ -179,6 +179,31 @@ def test_models_sharing_a_url_get_one_probe_task_among_them() -> None:
     assert router.claim_caps() == {"solo": 0}
 
 
+def test_a_claim_held_back_by_a_cool_down_or_a_promise_learns_when_it_may_lift() -> None:
+    """What the claimer waits for before it claims again, nothing announcing it: the
+    end of the cool-down, then of the probe promised to an earlier claim; nothing
+    while no model is held at 0 or the probe is out (its end frees a slot)."""
+    clock = HandClock(1_000_000)
+    router = Router(clock)
+    url = "http://a.test/v1"
+    router.claim_caps()
+    assert router.caps_lift_in_seconds() is None
+    cooled(router, url, 10)
+    clock.ms += 4_000
+    assert router.claim_caps() == {MODEL: 0}
+    assert router.caps_lift_in_seconds() == 6
+    clock.ms += 7_000
+    assert router.caps_lift_in_seconds() == 0  # passed: claim again at once
+    assert router.claim_caps() == {MODEL: 1}
+    assert router.caps_lift_in_seconds() is None
+    clock.ms += 500
+    assert router.claim_caps() == {MODEL: 0}  # promised to the claim before
+    assert router.caps_lift_in_seconds() == 1.5
+    assert router.pick(MODEL, [url], set()) == url  # the probe
+    assert router.claim_caps() == {MODEL: 0}
+    assert router.caps_lift_in_seconds() is None
+
+
 # The engine.
 
 def test_an_attempt_finding_every_url_cooling_sends_nothing_and_says_when_to_return() -> None:
@@ -366,6 +391,35 @@ def test_a_server_that_stays_down_costs_one_attempt_per_cool_down_not_one_per_ta
     released = [data for at, data in events
                 if data["reason"] == "released" and at < stopping_at]  # not the stop's
     assert released == []
+
+
+def test_a_task_held_back_by_a_cool_down_is_claimed_when_it_ends_not_a_poll_later(
+    db: Database, quick: Settings, router: Router, scripted: Callable[..., Scripted]
+) -> None:
+    """Nothing announces a cool-down's end: the claimer, held back by it, wakes for it
+    itself. With polls seconds apart (pushed wake-ups on PostgreSQL), the task waited
+    for the next poll, up to a poll interval past the end."""
+    cooldown_ms = 1_000
+    server = scripted([delta("One"), delta("", "stop"), USAGE, b"data: [DONE]\n\n"])
+    model = add_upstream(db, [server.base_url])
+    cooling_from = db.clock.now_ms()
+    cooled(router, server.base_url, cooldown_ms / 1000)
+    [task_id] = enqueue(db, model=model, max_output_tokens=4)
+    loop = SweeperLoop(db, replace(quick, poll_interval_ms=5_000))
+
+    loop.start()
+    try:
+        deadline = time.monotonic() + cooldown_ms / 1000 + 2
+        while task_row(db, task_id).status != Status.COMPLETED and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        loop.stop()
+
+    claimed_at = [e.created_at for e in events_of(db, task_id) if e.type == "response.loading"]
+    assert len(claimed_at) == 1, "not claimed within 2 s of the cool-down's end"
+    late = claimed_at[0] - (cooling_from + cooldown_ms)  # the end is no earlier
+    assert 0 <= late <= 300, f"claimed {late} ms after the cool-down ended"
+    assert task_row(db, task_id).status == Status.COMPLETED
 
 
 def test_the_wait_an_engine_error_asks_for_is_rounded_up_to_whole_milliseconds() -> None:

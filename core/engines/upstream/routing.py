@@ -76,6 +76,8 @@ class Router:
         # URL awaiting its probe → the model whose claim was last told it may take a
         # task for it; removed by that task's `pick` (`claim_caps`).
         self._promises: dict[str, _Promise] = {}
+        # When a cap of 0 the last `claim_caps` gave may lift (None: it gave none).
+        self._caps_lift_at: int | None = None
         self._reports = Reports()
 
     def pick(self, model_id: str, urls: Sequence[str], tried: set[str]) -> str | None:
@@ -138,7 +140,32 @@ class Router:
                 for u in offered:
                     self._promises[u] = _Promise(model, now)
                 caps[model] = 1 if offered else 0
+            self._caps_lift_at = min(
+                (t for model, cap in caps.items() if cap == 0
+                 for t in self._ends(self._urls_of[model], now)), default=None)
             return caps
+
+    def _ends(self, urls: Sequence[str], now: int) -> Iterator[int]:
+        """When each of `urls` still cooling down or promised leaves that state: what may
+        lift a cap of 0 on their model (the lock held). A probe out has no end known
+        beforehand: its attempt's end frees a slot, which wakes the claimer anyway."""
+        for url in urls:
+            if self._cool_until.get(url, 0) > now:
+                yield self._cool_until[url]
+            promise = self._promises.get(url)
+            if promise is not None and self._promised(url, now):
+                yield promise.at_ms + _PROBE_PROMISE_MS
+
+    def caps_lift_in_seconds(self) -> float | None:
+        """How long until a cap of 0 the last `claim_caps` gave may lift: the first end
+        of a cool-down or probe promise that held a model at 0 (0 when it has passed);
+        None when that claim held no model at 0. Its claimer claims again then: a task
+        held back by a cool-down would otherwise wait for the next poll past its end."""
+        now = self._clock.now_ms()
+        with self._lock:
+            if self._caps_lift_at is None:
+                return None
+            return max(0, self._caps_lift_at - now) / 1000
 
     def _promised(self, url: str, now: int, model: str | None = None) -> bool:
         """Whether `url`'s probe is promised to a claim (of `model`'s tasks, if given)
