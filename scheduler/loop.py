@@ -47,6 +47,7 @@ import threading
 from core.failure_streak import FailureStreak
 from core.settings import Settings
 from core.store.database import WORK_CHANNEL, Database
+from core.store.outage import drop_cause, is_connection_dropped
 from core.thread_names import named_thread
 from scheduler.timer import MaintenanceTimer
 from scheduler.workers import Workers
@@ -112,17 +113,24 @@ class SweeperLoop:
         failures = FailureStreak(
             log, f"claim failed (%s, %d in a row); retrying every {_ERROR_PAUSE_SECONDS:.0f}s",
             "claims are back after %d failed attempts", level=logging.ERROR)
+        claimed = False  # the last claim went through: a connection lost now was dropped
         while not self._stopping.is_set():
             self._wake.clear()
             try:
                 self._workers.gather_slots()
                 started = self._workers.claim()
             except Exception as exc:
+                if claimed and is_connection_dropped(exc):
+                    claimed = False
+                    log.warning("claim: the store dropped the connection: %s; claiming again "
+                                "at once on a fresh one", drop_cause(exc))
+                    continue
                 failures.failed(exc)
                 self._first_claim.set()
                 self._caught_up.set()  # an outage does not hold maintenance back
                 self._stopping.wait(_ERROR_PAUSE_SECONDS)
                 continue
+            claimed = True
             failures.succeeded()
             self._first_claim.set()
             if started:

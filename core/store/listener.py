@@ -11,8 +11,10 @@ import threading
 from collections.abc import Callable, Mapping
 
 import psycopg
+from sqlalchemy.exc import DBAPIError
 
 from core.failure_streak import FailureStreak
+from core.store.outage import drop_cause, is_connection_dropped
 from core.thread_names import named_thread
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,8 @@ class PgListener:
     """A thread holding one LISTEN connection for `handlers` (channel -> function of
     the payload); it reconnects after any error. After each (re)connection every
     handler is called once with an empty payload: something may have been announced
-    while nobody listened. An outage is logged when it starts, about once a minute
+    while nobody listened. A connection the store drops while listening is one line,
+    and made again at once; an outage is logged when it starts, about once a minute
     while it lasts, and when LISTEN is back."""
 
     def __init__(self, conninfo: str, handlers: Mapping[str, Callable[[str], None]]) -> None:
@@ -51,6 +54,7 @@ class PgListener:
             log, f"LISTEN failed (%s, %d in a row); retrying every {_RECONNECT_SECONDS:.0f}s,"
             " new work is found by polling meanwhile", "LISTEN is back after %d failed attempts")
         while not self._stop.is_set():
+            listening = False
             try:
                 with psycopg.connect(self._conninfo, autocommit=True) as conn:
                     if conn.info.server_version >= _IDLE_SESSION_TIMEOUT_SINCE:
@@ -58,11 +62,18 @@ class PgListener:
                     for channel in self._handlers:
                         conn.execute(f"LISTEN {channel}")
                     failures.succeeded()
+                    listening = True
                     for handle in self._handlers.values():
                         handle("")
                     while not self._stop.is_set():
                         for notice in conn.notifies(timeout=_LISTEN_TICK_SECONDS):
                             self._handlers[notice.channel](notice.payload)
             except psycopg.Error as exc:
+                # Judged as the pool's errors are, which SQLAlchemy has translated.
+                error = DBAPIError.instance(None, None, exc, psycopg.Error)
+                if listening and is_connection_dropped(error):
+                    log.warning("LISTEN: the store dropped the connection: %s; listening again"
+                                " at once on a fresh one", drop_cause(error))
+                    continue
                 failures.failed(exc)
                 self._stop.wait(_RECONNECT_SECONDS)

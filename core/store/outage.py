@@ -57,6 +57,7 @@ _REFUSALS_BY_WORDS = (("too many", "53300"), ("starting up", "57P03"),
                       ("shutting down", "57P03"), ("recovery mode", "57P03"),
                       ("not yet accepting", "57P03"))
 _SQLSTATE = re.compile(r"[0-9A-Z]{5}")
+_CONNECT_FAILED = "connection failed:"  # how psycopg's message for a failed connect begins
 
 
 def is_store_outage(exc: BaseException) -> bool:
@@ -87,6 +88,32 @@ def is_connection_lost(exc: BaseException) -> bool:
     sqlstate: str | None = getattr(exc.orig, "sqlstate")
     return sqlstate is None or sqlstate.startswith(_CONNECTION_EXCEPTION) or (
         sqlstate in _SESSION_ENDED)
+
+
+def is_connection_dropped(exc: BaseException) -> bool:
+    """Whether `exc` is a session that was made and then ended under the call
+    (`is_connection_lost`), not a connection that could not be made. A loop whose last
+    call went through says so in one line (`drop_cause`) and calls again at once on a
+    fresh connection: an administrator's `pg_terminate_backend` or a pooler's restart
+    is over by then. Only if that call fails too is it an outage, logged as one."""
+    return is_connection_lost(exc) and not (
+        isinstance(exc, DBAPIError) and str(exc.orig).startswith(_CONNECT_FAILED))
+
+
+def drop_cause(exc: BaseException) -> str:
+    """What a log line says of a dropped connection `exc`: the SQLSTATE the server
+    ended the session with, in fixed words (`outage_cause`), read off the driver's error
+    or the one it was raised while handling (psycopg's "the connection is lost", raised
+    by the rollback after the server's `57P01`, has none of its own); else that none
+    came, as when the server's last words were not read before its socket closed."""
+    seen: BaseException | None = exc.orig if isinstance(exc, DBAPIError) else exc
+    for _ in range(_CAUSES_LOOKED_AT):
+        if seen is None:
+            break
+        if getattr(seen, "sqlstate", None):
+            return outage_cause(seen)
+        seen = seen.__context__
+    return "no SQLSTATE, the server or the network closed it"
 
 
 def is_privilege_refused(exc: BaseException) -> bool:
@@ -121,7 +148,7 @@ def outage_cause(cause: BaseException) -> str:
         condition = _CONDITIONS.get(sqlstate) or _CONDITION_CLASSES.get(sqlstate[:2], "")
         return f"SQLSTATE {sqlstate}" + (f" ({condition})" if condition else "")
     message = str(cause)
-    if not message.startswith("connection failed:"):  # psycopg's, for a failed connect
+    if not message.startswith(_CONNECT_FAILED):
         return ""
     if "FATAL:" not in message:
         return "could not connect to the server"
