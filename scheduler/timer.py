@@ -13,6 +13,7 @@ from collections.abc import Callable
 from core.clock import Clock
 from core.cron import next_slot, parse_cron
 from core.failure_streak import FailureStreak
+from core.store.outage import drop_cause, is_connection_dropped
 from core.thread_names import named_thread
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,20 @@ class MaintenanceTimer:
             self.poll()
 
     def _pass(self) -> None:
+        """Run a pass; a connection the store dropped under it (an administrator's
+        `pg_terminate_backend`, a pooler's restart) is one line and the pass is run again
+        at once on a fresh one, as the claimer does, not a slot (a minute) later. Its
+        steps are each their own transaction and idempotent: a pass run again redoes
+        only what the drop cut short."""
         try:
-            self._run_pass()
+            try:
+                self._run_pass()
+            except Exception as exc:
+                if not is_connection_dropped(exc):
+                    raise
+                log.warning("maintenance: the store dropped the connection: %s; running the "
+                            "pass again at once on a fresh one", drop_cause(exc))
+                self._run_pass()
         except Exception as exc:  # a failed pass is retried at the next slot, never fatal
             self._failures.failed(exc)
         else:

@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
+from core.clock import Clock
 from core.settings import Settings
 from core.states import Status
 from core.store import listener as listener_module
@@ -26,7 +27,9 @@ from core.store.libpq import libpq_conninfo
 from core.store.listener import PgListener
 from core.store.outage import drop_cause, is_connection_dropped, is_connection_lost
 from scheduler import loop as loop_module
+from scheduler import timer as timer_module
 from scheduler.loop import SweeperLoop
+from scheduler.timer import MaintenanceTimer
 from tests.scheduler.processes import wait_until
 from tests.store.helpers import new_task, task_row
 
@@ -130,3 +133,36 @@ def test_a_drop_is_told_by_its_sqlstate_and_from_a_store_that_cannot_be_reached(
         "connection failed: connection to server at \"127.0.0.1\", port 5432 failed: "
         "Connection refused"))
     assert is_connection_lost(refused) and not is_connection_dropped(refused)
+
+
+def test_a_maintenance_pass_whose_connection_is_dropped_is_one_line_and_runs_again_at_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The pass met the drop (as the claimer's test above makes one); a second failure in
+    a row is an outage, logged as one with its traceback."""
+    caplog.set_level(logging.INFO, logger=timer_module.__name__)
+    lost = psycopg.OperationalError("the connection is lost")
+    lost.__context__ = psycopg.errors.AdminShutdown("terminating connection")
+    dropped = OperationalError("UPDATE", None, lost)
+    failures: list[Exception] = []
+    passes: list[int] = []
+
+    def maintain() -> None:
+        passes.append(len(passes))
+        if failures:
+            raise failures.pop()
+
+    timer = MaintenanceTimer("* * * * *", Clock(), maintain)
+    failures.append(dropped)
+    assert timer.poll()
+    assert passes == [0, 1]
+    said = ("maintenance: the store dropped the connection: SQLSTATE 57P01 (session ended "
+            "by an administrator); running the pass again at once on a fresh one")
+    assert _one_line_each(caplog, timer_module.__name__) == [said]
+
+    caplog.clear()
+    failures.extend([dropped, dropped])
+    MaintenanceTimer("* * * * *", Clock(), maintain).poll()
+    assert passes == [0, 1, 2, 3]
+    [outage] = [r for r in caplog.records if r.exc_info]
+    assert outage.getMessage().startswith("maintenance pass failed (OperationalError, 1 in a row)")
+    assert [r.getMessage() for r in caplog.records if not r.exc_info] == [said]
