@@ -31,7 +31,7 @@ from scheduler import timer as timer_module
 from scheduler.loop import SweeperLoop
 from scheduler.timer import MaintenanceTimer
 from tests.scheduler.processes import wait_until
-from tests.store.helpers import new_task, task_row
+from tests.store.helpers import Hearing, new_task, task_row
 
 
 def _terminate(db: Database, pid: int) -> None:
@@ -91,15 +91,10 @@ def test_a_claim_whose_connection_is_dropped_is_one_line_and_claims_again_at_onc
 def test_a_dropped_listen_connection_is_one_line_and_listens_again_at_once(
         db: Database, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=listener_module.__name__)
-    heard: list[str] = []
-    connected = threading.Event()
+    hearing = Hearing()
+    heard, connected = hearing.heard, hearing.connected
 
-    def hear(payload: str) -> None:
-        heard.append(payload)
-        if payload == "":
-            connected.set()
-
-    listening = PgListener(libpq_conninfo(db.engine), {"probe": hear})
+    listening = PgListener(libpq_conninfo(db.engine), {"probe": hearing})
     listening.start()
     try:
         assert connected.wait(10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from sqlalchemy import select, text, update
@@ -85,3 +86,17 @@ def fill_line(db: Database, model: str, *, clients: int, per_client: int,
                      {"now": now})
         if analyze:
             conn.execute(text("ANALYZE" if db.is_sqlite else "ANALYZE tasks"))
+
+
+class Hearing:
+    """A LISTEN handler for tests: every payload it heard, and `connected` set at each
+    (re)connection (`PgListener` calls its handlers with an empty payload then)."""
+
+    def __init__(self) -> None:
+        self.heard: list[str] = []
+        self.connected = threading.Event()
+
+    def __call__(self, payload: str) -> None:
+        self.heard.append(payload)
+        if payload == "":
+            self.connected.set()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -39,7 +38,7 @@ from scheduler.loop import SweeperLoop
 from scheduler.timer import MaintenanceTimer
 from tests.pg_cluster import PgCluster, migrated_cluster, private_cluster
 from tests.scheduler.processes import wait_until
-from tests.store.helpers import new_task, task_row
+from tests.store.helpers import Hearing, new_task, task_row
 
 REMINDER = 10  # failures per reminder here: a few seconds of outage show two
 
@@ -52,17 +51,12 @@ def frequent_reminders(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_listener_logs_an_outage_sparingly_and_hears_again_after_it(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(listener_module, "_RECONNECT_SECONDS", 0.1)
-    heard: list[str] = []
-    connected = threading.Event()
-
-    def hear(payload: str) -> None:
-        heard.append(payload)
-        if payload == "":
-            connected.set()
+    hearing = Hearing()
+    heard, connected = hearing.heard, hearing.connected
 
     caplog.set_level(logging.INFO, logger=listener_module.__name__)
     with private_cluster() as cluster:
-        listening = PgListener(cluster.conninfo, {"probe": hear})
+        listening = PgListener(cluster.conninfo, {"probe": hearing})
         listening.start()
         try:
             assert connected.wait(10)
