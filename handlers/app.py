@@ -18,6 +18,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.middleware.base import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.plugins.pydantic import PydanticInitPlugin
 
@@ -132,6 +133,12 @@ def _openapi() -> OpenAPIConfig:
         version=release,
         description="A durable asynchronous task service for model inference.",
         path="/schema",
+        # The document alone, at `/schema` and `/schema/openapi.json`. Litestar's default
+        # viewers (Redoc, Swagger UI, ...) are pages of this origin that load unpinned
+        # scripts from public CDNs: such a script would act with an operator's console
+        # session (read its CSRF token, post its forms), and the pages fetched from
+        # elsewhere on an operator's private network.
+        render_plugins=[JsonRenderPlugin(path=["/", "/openapi.json"])],
         security=[{"bearer": []}],
         components=Components(security_schemes={
             "bearer": SecurityScheme(type="http", scheme="bearer",

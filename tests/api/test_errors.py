@@ -128,3 +128,12 @@ def test_openapi_document_is_served(http: TestClient[Any]) -> None:
     document = http.get("/schema/openapi.json").json()
     assert "/v1/responses" in document["paths"]
     assert "bearer" in document["components"]["securitySchemes"]
+    assert http.get("/schema").json() == document
+
+
+@pytest.mark.parametrize("viewer", ["redoc", "swagger", "elements", "rapidoc", "scalar"])
+def test_no_documentation_viewer_runs_foreign_scripts_on_this_origin(
+        http: TestClient[Any], viewer: str) -> None:
+    """Litestar's viewers load unpinned scripts from public CDNs into pages of this origin,
+    where they could act with an operator's console session."""
+    assert http.get(f"/schema/{viewer}").status_code == 404
