@@ -124,7 +124,12 @@ def from_this_origin(request: Request[Any, Any, Any]) -> bool:
     if site is not None and site != "none":
         return False
     origin = request.headers.get("origin")
-    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
+    if origin is None:
+        return True
+    try:
+        return urlsplit(origin).netloc == request.headers.get("host")
+    except ValueError:  # no browser's Origin ("http://[", a bracket unclosed): not ours
+        return False
 
 
 def _over_tls(request: Request[Any, Any, Any]) -> bool:

@@ -126,6 +126,23 @@ def test_login_without_fetch_metadata_from_another_host_is_refused(
     assert answer.status_code == 403 and "set-cookie" not in answer.headers
 
 
+@pytest.mark.parametrize("origin", ["http://[", "http://[::1", "http://a]b"])
+def test_a_form_whose_origin_no_browser_sends_is_refused_not_failed(
+    console: Console, db: Database, model_id: str, origin: str,
+) -> None:
+    """An `Origin` that is no URL (an unclosed bracket: a scanner's, not a browser's)
+    is another origin's: 403 before anything is read, never a 500."""
+    task_id = running(db, model_id)
+    answer = console.http.post(f"/console/tasks/{task_id}/cancel",
+                               data={"csrf": console.csrf()}, follow_redirects=False,
+                               headers={"Origin": origin})
+    assert answer.status_code == 403 and "csrf_refused" in answer.text
+    assert "running" in console.page(f"/console/tasks/{task_id}")
+    login = console.http.post("/console/login", data={"token": "tw_x"}, follow_redirects=False,
+                              headers={"Origin": origin})
+    assert login.status_code == 403 and "set-cookie" not in login.headers
+
+
 def test_a_same_origin_form_still_needs_its_csrf_token(console: Console, db: Database,
                                                        model_id: str) -> None:
     task_id = new_task(db, model_id)
