@@ -8,6 +8,7 @@ included, is refused when the browser says it was posted from another origin.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from litestar import Request, post
@@ -73,7 +74,9 @@ async def login(request: AnyRequest, services: Services) -> Redirect:
     hours = services.settings.console_session_hours
     secret = await blocking(log_in, services.db, token, ttl_ms=int(hours * 3_600_000))
     answer = _back("/console")
-    answer.cookies.append(session_cookie(request, secret, int(hours * 3600)))
+    # Rounded up: a session shorter than a second (TASKWARD_CONSOLE_SESSION_HOURS under
+    # 1/3600) must not get `Max-Age=0`, a cookie the browser drops at once, unexplained.
+    answer.cookies.append(session_cookie(request, secret, math.ceil(hours * 3600)))
     return answer
 
 

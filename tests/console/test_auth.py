@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from litestar.testing import TestClient
 
 from core.clients import IssuedToken
+from core.settings import Settings
 from core.states import Status
 from core.store.clients import create_client, revoke
 from core.store.database import Database
+from infra.app import serving_app
 from tests.console.helpers import SAME_ORIGIN, Console, running
 from tests.store.helpers import new_task, task_row
 
@@ -46,6 +49,18 @@ def test_the_cookie_is_secure_when_the_console_is_reached_over_tls(
                        follow_redirects=False)
     assert answer.status_code == 303
     assert "secure" in {p.strip().lower() for p in answer.headers["set-cookie"].split(";")}
+
+
+def test_a_session_shorter_than_a_second_still_gets_a_cookie_the_browser_keeps(
+    settings: Settings, admin: IssuedToken,
+) -> None:
+    """`Max-Age=0` (the hours' seconds truncated) would have the browser drop the cookie
+    at once: the login would seem to work and land on the login form again."""
+    with TestClient(serving_app(replace(settings, console_session_hours=0.0001))) as http:
+        cookie = Console(http).login(admin.token).headers["set-cookie"]
+    max_age = next(part.split("=")[1] for part in map(str.strip, cookie.split(";"))
+                   if part.lower().startswith("max-age="))
+    assert max_age == "1"
 
 
 def test_the_token_never_appears_in_a_page(console: Console, admin: IssuedToken) -> None:
