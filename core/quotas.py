@@ -45,6 +45,12 @@ def _or(own: Any, default: Any) -> Any:
     return default if own is None else own
 
 
+def plain_rate(rate: float) -> float:
+    """`rate` as it is stored and shown: `-0.0`, which every bound admits as 0, becomes
+    0.0 (it was stored and listed as `-0.0`)."""
+    return rate + 0.0
+
+
 LIMIT_NAMES = tuple(Limits.__dataclass_fields__)
 # The limits where 0 means unlimited (`max_streams` is at least 1).
 _ZERO_IS_UNLIMITED = frozenset({"max_active_tasks", "requests_per_second"})

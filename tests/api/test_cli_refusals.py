@@ -67,6 +67,13 @@ def test_limits_at_the_apis_upper_bounds_are_stored_and_read_back(taskward: Any)
             shown["max_streams"]) == (10**9, 1e6, 10**6)
 
 
+def test_a_negative_zero_rate_is_stored_and_listed_as_zero(taskward: Any) -> None:
+    issued = taskward("pair", "--token", "--requests-per-second", "-0.0", "--json")
+    assert issued.exit_code == 0, issued.output
+    listed = taskward("clients", "list", "--json").output
+    assert '"requests_per_second": 0.0' in listed and "-0.0" not in listed
+
+
 @pytest.mark.parametrize("name", [
     "x\ny\rz\x1b[31m", "tab\there", "csi\x9b31m", "", "n" * 100_000,
 ], ids=["c0-controls", "tab", "c1-csi", "empty", "too-long"])

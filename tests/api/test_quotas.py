@@ -3,6 +3,7 @@ headers OpenAI's SDKs read, nothing stored, replays and dedupe hits still answer
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -235,6 +236,14 @@ def test_limits_are_set_by_patch_and_shown_on_the_client(
     assert admin.patch(f"/v1/clients/{alice.id}", json={"max_streams": 0}).status_code == 422
     assert admin.patch("/v1/clients/cli_nobody", json={"max_streams": 2}).status_code == 404
     assert alice.patch(f"/v1/clients/{alice.id}", json={"max_streams": 2}).status_code == 403
+
+
+def test_a_negative_zero_rate_is_stored_and_shown_as_zero(admin: Caller, alice: Caller) -> None:
+    """`-0.0` passes `ge=0`; it was stored and shown as `-0.0` (raw JSON: the sign)."""
+    changed = admin.patch(f"/v1/clients/{alice.id}", json={"requests_per_second": -0.0})
+    assert changed.status_code == 200 and '"requests_per_second":0.0' in changed.text
+    [shown] = [c for c in admin.get("/v1/clients").json()["data"] if c["id"] == alice.id]
+    assert math.copysign(1, shown["requests_per_second"]) == 1
 
 
 def test_a_pairing_code_carries_limits_to_the_client_it_makes(
