@@ -21,6 +21,7 @@ from core.settings import Settings, load_settings
 from core.store.connect import ProcessRole, open_database
 from handlers.app import LifespanHook, create_app
 from infra.migrate import check_schema
+from infra.parent_watch import watch_parent
 from infra.stop_signals import also_on
 
 SERVING_APP = "infra.app:serving_app"
@@ -37,6 +38,7 @@ def serving_app(
     over a database of its own that the app disposes of at shutdown, its connections
     named for `role` (`taskward run`'s worker serves its sweeper too)."""
     settings = settings or load_settings()
+    watch_parent()
     import_engine_modules(settings.engine_module_names)  # registration checks engine names
     db = open_database(settings, role=role)
     # Probes call the readiness check every few seconds; alembic would log two lines each.

@@ -12,6 +12,8 @@ from granian import Granian
 from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 
+from infra.parent_watch import mark_workers
+
 APP_FACTORY = "infra.app:serving_app"
 
 
@@ -34,6 +36,7 @@ def serve(
     `idle_timeout_seconds=0` restores granian's defaults (no bound on a silent client).
     """
     bounded = idle_timeout_seconds > 0
+    mark_workers()  # the app of each (`infra.app.serving_app`) stops when this process is gone
     Granian(
         target,
         address=host,
