@@ -80,9 +80,12 @@ def test_a_size_flush_is_not_held_back_while_chunks_trickle_in(
     task_id = new_task(db, model_id, input="words=10 delay=0.02")
     run_pass(db, settings)
     deltas = event_data(db, task_id, "response.output_text.delta")
-    # The first text goes alone after `FIRST_FLUSH_MS` (2 ms, before "w1 " comes).
-    assert [d["delta"] for d in deltas] == ["w0 ", "w1 w2 ", "w3 w4 ", "w5 w6 ", "w7 w8 ",
-                                            "w9 "]
+    # The first text goes alone after `FIRST_FLUSH_MS` (2 ms, before "w1 " comes 20 ms
+    # later), unless a loaded machine keeps the runner off a core that long: then its
+    # write takes "w1 " along, and the size flushes pair the words as above.
+    assert [d["delta"] for d in deltas] in (
+        ["w0 ", "w1 w2 ", "w3 w4 ", "w5 w6 ", "w7 w8 ", "w9 "],
+        ["w0 w1 ", "w2 w3 ", "w4 w5 ", "w6 w7 ", "w8 w9 "])
 
 
 def test_deltas_are_flushed_by_time_between_chunks(
