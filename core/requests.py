@@ -7,12 +7,20 @@ the prompt back in an error message.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, Strict, StringConstraints, field_validator, model_validator
+from pydantic import (
+    Field,
+    Strict,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from core.bodies import StrictBody
+from core.bodies import NO_CONTROL, StrictBody
 from core.clock import parse_time, utc_ms
 from core.errors import InvalidInput
 from core.ids import sampling_seed
@@ -27,6 +35,21 @@ PrintableAscii = Annotated[
 ]
 MAX_TEXT = 200_000
 _ANSWER_ONLY = {"run_at"}
+# OpenAI's fields that can only ask for what taskward does anyway: the values that do, and
+# why no other can. OpenAI's SDKs and the frameworks on them send these, often the very
+# values a response object shows, so they are taken at these values and ignored.
+_ONLY_SUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
+    "store": ((True,), "taskward stores every response"),
+    "tools": (([],), "taskward runs no tools"),
+    "tool_choice": (("none", "auto"), "taskward runs no tools"),
+    "text": (({"format": {"type": "text"}},), "the output is plain text"),
+    "truncation": (("disabled",), "an input beyond the model's context fails the task"),
+    "include": (([],), "a response has nothing more to include"),
+}
+# Ignored whatever their value: nothing to parallelise without tools, and OpenAI's id of
+# an end user, which taskward neither needs nor keeps.
+_NO_OPS = {*_ONLY_SUPPORTED, "parallel_tool_calls", "user"}
+_NOT_STORED = _ANSWER_ONLY | _NO_OPS
 
 
 class InputText(StrictBody):
@@ -63,6 +86,26 @@ class ResponseRequest(StrictBody):
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
         default=None, description="OpenAI's name for a priority: priority 1, "
         "default/auto 5, flex 8")
+    store: bool | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    truncation: str | None = None
+    include: list[Any] | None = None
+    user: Annotated[str, StringConstraints(min_length=1, max_length=256,
+                                           pattern=NO_CONTROL)] | None = None
+
+    @field_validator(*_ONLY_SUPPORTED, mode="before")
+    @classmethod
+    def _only_what_taskward_does(cls, value: object, info: ValidationInfo) -> object:
+        """Any other value asks for something taskward cannot do: refused, saying what
+        it can. Compared as JSON values, where `1` is not `true`."""
+        supported, reason = _ONLY_SUPPORTED[str(info.field_name)]
+        if value is None or any(type(value) is type(one) and value == one for one in supported):
+            return value
+        shown = " or ".join(json.dumps(one) for one in supported)
+        raise ValueError(f"only {shown} is supported: {reason}")
 
     @model_validator(mode="after")
     def _one_priority(self) -> ResponseRequest:
@@ -104,13 +147,14 @@ class ResponseRequest(StrictBody):
         return value
 
     def stored_json(self) -> str:
-        """What the task keeps: the body minus the fields that only shape the answer.
+        """What the task keeps: the body minus the fields that only shape the answer
+        and the no-ops, so a request with them is stored as the same one without.
 
         Written by pydantic's own JSON serializer, not `model_dump` then `json.dumps`:
         a third of the time, once per request (the same JSON; a float may be written
         in another of its forms, `1e-7` for `1e-07`)."""
         return self.__pydantic_serializer__.to_json(
-            self, exclude=_ANSWER_ONLY, exclude_none=True).decode()
+            self, exclude=_NOT_STORED, exclude_none=True).decode()
 
 
 def new_task(

@@ -52,6 +52,20 @@ def test_usage_comes_from_the_engine_and_metadata_round_trips(sdk: openai.OpenAI
     assert created.metadata == done.metadata == {"team": "search", "run": "7"}
 
 
+def test_openais_no_op_fields_at_the_values_taskward_shows_are_taken(
+    sdk: openai.OpenAI,
+) -> None:
+    shown = create(sdk, "words=1")
+    created = create(sdk, "words=3", store=True, tools=shown.tools,
+                     tool_choice=shown.tool_choice,
+                     parallel_tool_calls=shown.parallel_tool_calls,
+                     text={"format": {"type": "text"}}, truncation="disabled", include=[],
+                     user="end-user-7")
+    assert (created.tools, created.tool_choice, created.text) == (
+        shown.tools, shown.tool_choice, shown.text)
+    assert settled(sdk, created.id).output_text == expected_text(3)
+
+
 def test_a_raw_stream_starting_after_n_gives_exactly_the_later_events(
     sdk: openai.OpenAI,
 ) -> None:
