@@ -13,16 +13,18 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, event, text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 
 from core.clock import Clock
 from core.store.held import HeldTasks
 from core.store.libpq import libpq_conninfo
+from core.thread_names import named_thread
 
 if TYPE_CHECKING:
     from core.store.listener import PgListener
@@ -64,7 +66,7 @@ class Database:
         self.is_sqlite = engine.dialect.name == "sqlite"
         self._listeners: dict[str, list[Callable[[Any], None]]] = {}
         self.held_here = HeldTasks()  # tasks this process's workers hold (`held`)
-        self._writers = _WriterQueue(self.beside("writer-lock"))
+        self._writers = _WriterQueue(self.beside("writer-lock"), engine)
         self._readers = engine if self.is_sqlite else engine.execution_options(
             isolation_level="REPEATABLE READ")
         if self.is_sqlite:
@@ -306,13 +308,20 @@ class _WriterQueue:
     holder lets go; a thread lock in front of it queues the threads of one process, which
     `flock` would not tell apart. Re-entrant, so a nested write fails as before (SQLite's
     busy timeout) instead of waiting for itself. PostgreSQL and in-memory SQLite: no-op.
+
+    The wait for a turn is bounded by this process's busy timeout, and past it fails as
+    SQLite's own wait does ("database is locked"): the queue sits in front of SQLite's
+    lock, so a writer with a short timeout queued behind a neighbour's long waits for
+    that lock would otherwise wait as long as the neighbour, not answer unavailable.
     """
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, engine: Engine) -> None:
         self._path = path
+        self._engine = engine
         self._threads = threading.RLock()
         self._depth = 0
-        self._fd: int | None = None
+        self._busy_timeout: float | None = None  # seconds, read from SQLite once
+        self._file: _FileLock | None = None
         self._pid: int | None = None
 
     @contextmanager
@@ -320,24 +329,135 @@ class _WriterQueue:
         if self._path is None:
             yield
             return
-        with self._threads:
-            self._depth += 1
-            try:
-                if self._depth == 1:
-                    fcntl.flock(self._descriptor(), fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    if self._depth == 1:
-                        fcntl.flock(self._descriptor(), fcntl.LOCK_UN)
-            finally:
-                self._depth -= 1
+        self._begin_turn()
+        try:
+            yield
+        finally:
+            self._end_turn()
 
-    def _descriptor(self) -> int:
-        # Opened per process: a descriptor inherited through fork shares its lock.
+    def _begin_turn(self) -> None:
+        """Wait for this thread's turn: first the process's other threads (free at once
+        for a nested turn), then the other processes; `_locked` past the busy timeout."""
+        waited_since: float | None = None
+        if not self._threads.acquire(blocking=False):
+            waited_since = time.monotonic()
+            if not self._threads.acquire(timeout=self._timeout()):
+                raise self._locked()
+        try:
+            if self._depth == 0:
+                self._lock_file(waited_since)
+        except BaseException:
+            self._threads.release()
+            raise
+        self._depth += 1
+
+    def _lock_file(self, waited_since: float | None) -> None:
+        """Take the `flock` within what is left of the busy timeout, counted from when
+        this thread began to wait for its turn (None: it has not waited yet)."""
+        file = self._file_lock()
+        if file.take_at_once():
+            return
+        waited = 0.0 if waited_since is None else time.monotonic() - waited_since
+        if not file.take(self._timeout() - waited):
+            raise self._locked()
+
+    def _end_turn(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._file_lock().release()
+        self._threads.release()
+
+    def _timeout(self) -> float:
+        """This process's busy timeout in seconds, as SQLite itself has it (`PRAGMA
+        busy_timeout`), however the engine was made. Read at the first wait: a process
+        whose writers never wait never asks."""
+        if self._busy_timeout is None:
+            with self._engine.connect() as conn:
+                milliseconds = conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one()
+            self._busy_timeout = milliseconds / 1000
+        return self._busy_timeout
+
+    def _locked(self) -> StatementError:
+        """The error SQLite's own busy timeout raises, as SQLAlchemy raises it: callers
+        already take it for an outage (`core.store.outage`), and log its `SQLITE_BUSY`."""
+        dbapi = self._engine.dialect.loaded_dbapi
+        busy: Any = dbapi.OperationalError("database is locked")  # a sqlite3 error
+        busy.sqlite_errorcode, busy.sqlite_errorname = dbapi.SQLITE_BUSY, "SQLITE_BUSY"
+        return DBAPIError.instance("BEGIN IMMEDIATE", (), busy, dbapi.Error)
+
+    def _file_lock(self) -> _FileLock:
+        # Opened per process: a descriptor inherited through fork shares its lock, and
+        # the parent's waiter thread is not in the child.
         if self._pid != os.getpid():
             assert self._path is not None
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._file = _FileLock(self._path)
             self._pid = os.getpid()
-        assert self._fd is not None
-        return self._fd
+        assert self._file is not None
+        return self._file
+
+
+class _FileLock:
+    """One process's exclusive `flock` on the writers' queue file, which a writer may
+    give up waiting for.
+
+    A blocking `flock` cannot be given up, so a contended one is made by a waiter thread
+    (one per process, started at the first contention) while the writer waits for it
+    with a timeout; the kernel still hands the lock over the moment its holder lets go,
+    where polling would add its interval to every contended turn. The lock belongs to
+    the descriptor, not to a thread: the waiter takes it, the writer lets go of it. A
+    lock the waiter gets after its writer gave up is let go at once, unless the next
+    writer has asked for it meanwhile. One writer at a time asks (the queue's thread
+    lock)."""
+
+    def __init__(self, path: str) -> None:
+        self._descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._changed = threading.Condition()
+        self._asked = False  # the waiter is to take the lock, or is blocked taking it
+        self._wanted = False  # a writer waits for the waiter's lock
+        self._granted = False  # the waiter took the lock for the writer that wants it
+        self._waiter: threading.Thread | None = None
+
+    def take_at_once(self) -> bool:
+        """Whether the lock was free and is now this process's: one non-blocking `flock`.
+        Not while the waiter's `flock` is under way: the descriptor may have the lock by
+        now, so a second `flock` would succeed, and the waiter would then let go of the
+        lock it took for nobody, under the writer's feet."""
+        if self._asked:
+            return False
+        try:
+            fcntl.flock(self._descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def take(self, timeout: float) -> bool:
+        """Whether the waiter took the lock for this writer within `timeout` seconds."""
+        if timeout <= 0:
+            return False
+        with self._changed:
+            if self._waiter is None:
+                self._waiter = named_thread(self._serve, "taskward-writer-queue")
+                self._waiter.start()
+            self._asked = self._wanted = True
+            self._changed.notify_all()
+            try:
+                return self._changed.wait_for(lambda: self._granted, timeout)
+            finally:  # also when interrupted: a lock that comes later is nobody's
+                self._wanted = self._granted = False
+
+    def release(self) -> None:
+        fcntl.flock(self._descriptor, fcntl.LOCK_UN)
+
+    def _serve(self) -> None:
+        """The waiter: take the lock when asked, and hand it to the writer waiting for
+        it, or let go of it at once when that writer has given up."""
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._asked)
+            fcntl.flock(self._descriptor, fcntl.LOCK_EX)
+            with self._changed:
+                self._granted = self._wanted
+                if not self._granted:
+                    self.release()
+                self._asked = False
+                self._changed.notify_all()
