@@ -204,6 +204,8 @@ class Workers:
                              lease_ms=int(self._settings.lease_seconds * 1000),
                              node_id=self._settings.node_id,
                              caps=ROUTER.claim_caps() if self._asked_caps else {})
+        if self._asked_caps:  # a model offered a probe but not taken passes it on at once
+            ROUTER.claim_took({c.model for c in taken})
         with self._lock:
             # More may be due when a kind filled all its free slots: worth gathering slots.
             # A kind with no free slot was not asked: what its last claim found stands (a
@@ -241,7 +243,8 @@ class Workers:
 
     def idle_wait(self, longest: float) -> float:
         """How long the claimer may sleep with nothing announced: `longest`, or less when
-        the last claim held a model's tasks back for a cool-down here: until it ends
+        the last claim held a model's tasks back for a cool-down here: until it ends, or
+        not at all when a probe it offered passed to the next model sharing the URL
         (`Router.caps_lift_in_seconds`), as no announcement or freed slot marks that."""
         lift = ROUTER.caps_lift_in_seconds() if self._asked_caps else None
         return longest if lift is None else min(longest, lift)

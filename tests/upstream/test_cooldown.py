@@ -25,6 +25,7 @@ from core.engines.registry import register_engine
 from core.engines.upstream.engine import NAME, OpenAIEngine
 from core.engines.upstream.protocol import UNAVAILABLE
 from core.engines.upstream.routing import NoUrlNow, Router
+from core.models_registry import register_upstream
 from core.settings import Settings
 from core.states import OnRestart, Status
 from core.store import claims, worker_writes
@@ -177,6 +178,64 @@ def test_models_sharing_a_url_get_one_probe_task_among_them() -> None:
     assert router.claim_caps() == {**dict.fromkeys(models, 0), "solo": 0}
     router.answered(url)
     assert router.claim_caps() == {"solo": 0}
+
+
+def test_a_probe_offered_to_a_model_with_none_due_passes_to_the_next_at_once() -> None:
+    """Ten models on one base URL, a task due only for the last: each claim that took
+    none of the offered model's tasks passes the probe on at once, and the claimer
+    claims again at once, so the tenth claim at the cool-down's end takes it (the turn
+    passed every 2 s: 18 s later). Tasks of other models taken do not count."""
+    clock = HandClock(1_000_000)
+    router = Router(clock)
+    url = "http://shared.test/v1"
+    models = [f"m{i}" for i in range(10)]
+    for model in models:
+        assert router.pick(model, [url], set()) == url
+    router.failed("m0", url, UNAVAILABLE, cooldown_seconds=10)
+    clock.ms += 10_000
+
+    for model in models[:-1]:
+        assert router.claim_caps() == {**dict.fromkeys(models, 0), model: 1}
+        router.claim_took({"elsewhere"})  # none of `model`'s tasks was due
+        assert router.caps_lift_in_seconds() == 0
+    assert router.claim_caps() == {**dict.fromkeys(models, 0), "m9": 1}
+    router.claim_took({"m9"})
+    assert router.claim_caps() == dict.fromkeys(models, 0)  # its task is about to pick
+    assert router.caps_lift_in_seconds() == 2  # unless the promise lapses first
+    assert router.pick("m9", [url], set()) == url  # the probe
+    assert router.claim_caps() == dict.fromkeys(models, 0)
+    assert router.caps_lift_in_seconds() is None
+
+
+def test_a_round_of_offers_that_finds_no_task_due_pauses_before_the_next() -> None:
+    """Once every model sharing the URL was offered its probe and none had a task due,
+    the offers wait `_PROBE_PROMISE_MS` (the claimer sleeps until then), not a round of
+    claims at every wake-up; the next round goes on with the next model. A model alone
+    on its URL is a round of one."""
+    clock = HandClock(1_000_000)
+    router = Router(clock)
+    url = "http://shared.test/v1"
+    models = ["m1", "m2", "m3"]
+    for model in models:
+        assert router.pick(model, [url], set()) == url
+    router.failed("m1", url, UNAVAILABLE, cooldown_seconds=10)
+    clock.ms += 10_000
+
+    for _ in range(2):
+        for model in models:
+            assert router.claim_caps() == {**dict.fromkeys(models, 0), model: 1}
+            router.claim_took(set())
+        assert router.caps_lift_in_seconds() == 2
+        assert router.claim_caps() == dict.fromkeys(models, 0)
+        router.claim_took(set())
+        assert router.caps_lift_in_seconds() == 2
+        clock.ms += 2_000
+
+    alone = out_of_cool_down("http://alone.test/v1")
+    assert alone.claim_caps() == {MODEL: 1}
+    alone.claim_took(set())
+    assert alone.claim_caps() == {MODEL: 0}
+    assert alone.caps_lift_in_seconds() == 2
 
 
 def test_a_claim_held_back_by_a_cool_down_or_a_promise_learns_when_it_may_lift() -> None:
@@ -419,6 +478,42 @@ def test_a_task_held_back_by_a_cool_down_is_claimed_when_it_ends_not_a_poll_late
     assert len(claimed_at) == 1, "not claimed within 2 s of the cool-down's end"
     late = claimed_at[0] - (cooling_from + cooldown_ms)  # the end is no earlier
     assert 0 <= late <= 300, f"claimed {late} ms after the cool-down ended"
+    assert task_row(db, task_id).status == Status.COMPLETED
+
+
+def test_a_task_of_the_tenth_model_sharing_a_url_is_claimed_when_its_cool_down_ends(
+    db: Database, quick: Settings, router: Router, scripted: Callable[..., Scripted]
+) -> None:
+    """Ten models on one URL that cooled down, a task due for the last alone: the probe
+    is offered to each in turn, and a claim that took none of the offered model's tasks
+    passes it on at once. It passed every 2 s: the task was claimed 18 s after the end
+    (~100 s with fifty models). No task is claimed only to be handed back."""
+    cooldown_ms = 1_000
+    server = scripted([delta("One"), delta("", "stop"), USAGE, b"data: [DONE]\n\n"])
+    models = [f"m{i}" for i in range(10)]
+    for model in models:
+        register_upstream(db, model, base_urls=[server.base_url], model="smollm2")
+        assert router.pick(model, [server.base_url], set()) == server.base_url
+    cooling_from = db.clock.now_ms()
+    router.failed(models[0], server.base_url, UNAVAILABLE, cooldown_seconds=cooldown_ms / 1000)
+    [task_id] = enqueue(db, model=models[-1], max_output_tokens=4)
+    loop = SweeperLoop(db, replace(quick, poll_interval_ms=5_000))
+
+    loop.start()
+    try:
+        deadline = time.monotonic() + cooldown_ms / 1000 + 3
+        while task_row(db, task_id).status != Status.COMPLETED and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        loop.stop()
+
+    events = events_of(db, task_id)
+    claimed_at = [e.created_at for e in events if e.type == "response.loading"]
+    assert len(claimed_at) == 1, "not claimed within 3 s of the cool-down's end"
+    late = claimed_at[0] - (cooling_from + cooldown_ms)  # the end is no earlier
+    assert 0 <= late <= 1_000, f"claimed {late} ms after the cool-down ended"
+    assert [e for e in events if e.type == "response.queued"
+            and json.loads(e.data)["reason"] == "released"] == []
     assert task_row(db, task_id).status == Status.COMPLETED
 
 

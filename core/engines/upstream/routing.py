@@ -13,14 +13,15 @@ cooling sends nothing (`NoUrlNow`). So that the worker does not claim work it ca
 start, only to hand it back, its claim takes no task of a model while that holds, and
 one task alone (the probe's) while its only usable URLs await their probe
 (`claim_caps`). The probe is the URL's, not the model's: models sharing a base URL get
-one probe task among them, not one each.
+one probe task among them, not one each, offered to one model per claim in turn; a model
+whose claim took none of its tasks passes the turn on at once (`claim_took`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -30,17 +31,20 @@ from core.engines.upstream.protocol import UNAVAILABLE
 
 # How long a claim told it may take a model's probe task (`claim_caps`) holds that
 # probe for the attempt it claimed, until that attempt's `pick`: longer than an attempt
-# takes from its claim to its first pick on a busy machine, short enough that when the
-# claim found none of the model's tasks due, the next task is not kept waiting long.
+# takes from its claim to its first pick on a busy machine. Also how long the offers
+# pause once each model resting on the URL was offered it in turn and none had a task
+# due (`claim_took`): what a task coming due later waits at most for its turn, however
+# many models share the URL, and all the claims those rounds cost while nothing is due.
 _PROBE_PROMISE_MS = 2_000
 
 
 @dataclass(frozen=True)
 class _Promise:
-    """A URL's probe, promised to a claim of `model`'s tasks at `at_ms` (`claim_caps`)."""
+    """A URL's probe, promised to a claim of `model`'s tasks until `until_ms`
+    (`claim_caps`)."""
 
     model: str
-    at_ms: int
+    until_ms: int
 
 
 @dataclass
@@ -76,6 +80,12 @@ class Router:
         # URL awaiting its probe → the model whose claim was last told it may take a
         # task for it; removed by that task's `pick` (`claim_caps`).
         self._promises: dict[str, _Promise] = {}
+        # The promises the last `claim_caps` made, until `claim_took` hears what its
+        # claim took.
+        self._offers: dict[str, _Promise] = {}
+        # URL awaiting its probe → the models offered it since its offers last paused
+        # whose claims took none of their tasks (`claim_took`).
+        self._declined: dict[str, set[str]] = {}
         # When a cap of 0 the last `claim_caps` gave may lift (None: it gave none).
         self._caps_lift_at: int | None = None
         self._reports = Reports()
@@ -96,6 +106,7 @@ class Router:
             url = min(usable, key=lambda u: self._in_flight[u], default=None)
             if url is not None and self._cool_until.pop(url, None) is not None:
                 self._probing.add(url)
+                self._declined.pop(url, None)
             return url
 
     def _usable(self, url: str, now: int) -> bool:
@@ -124,10 +135,12 @@ class Router:
         otherwise each get a task claimed for its one probe, all but the first handed
         back. So the others get 0 for it meanwhile, and a lapsed promise passes to the
         next model sharing the URL: a model with no task due does not keep the others'
-        probe waiting."""
+        probe waiting. `claim_took` lapses it as soon as its claim is known to have
+        taken none of the model's tasks."""
         now = self._clock.now_ms()
         with self._lock:
             caps = {}
+            self._offers = {}
             for model, urls in self._urls_of.items():
                 if any(self._plainly_usable(u) for u in urls):
                     continue
@@ -138,7 +151,8 @@ class Router:
                 offered = [u for u in due
                            if not self._promised(u, now) and self._turn_of(u) == model]
                 for u in offered:
-                    self._promises[u] = _Promise(model, now)
+                    self._promises[u] = self._offers[u] = _Promise(
+                        model, now + _PROBE_PROMISE_MS)
                 caps[model] = 1 if offered else 0
             self._caps_lift_at = min(
                 (t for model, cap in caps.items() if cap == 0
@@ -154,13 +168,38 @@ class Router:
                 yield self._cool_until[url]
             promise = self._promises.get(url)
             if promise is not None and self._promised(url, now):
-                yield promise.at_ms + _PROBE_PROMISE_MS
+                yield promise.until_ms
+
+    def claim_took(self, models: Collection[str]) -> None:
+        """The claim the last `claim_caps` was for took tasks of `models`. A model it
+        offered a probe but took none of had none due (or no room): its promise lapses
+        now and the claimer claims again at once (`caps_lift_in_seconds`) for the next
+        model's turn, instead of `_PROBE_PROMISE_MS` later for each model in turn (the
+        tenth model sharing a URL waited 18 s). Once every model resting on the URL was
+        offered it and none took it, the last promise stands its time: a pause before
+        the next round, so that with nothing due the rounds cost N claims every
+        `_PROBE_PROMISE_MS`, not N claims at each wake-up (a poll every 50 ms without
+        push)."""
+        now = self._clock.now_ms()
+        with self._lock:
+            offers, self._offers = self._offers, {}
+            for url, promise in offers.items():
+                if promise.model in models or self._promises.get(url) is not promise:
+                    continue  # its task will pick the URL, or already did
+                declined = self._declined.setdefault(url, set())
+                declined.add(promise.model)
+                if declined.issuperset(self._resting_on(url)):
+                    del self._declined[url]  # a round found none due: pause
+                else:
+                    self._promises[url] = _Promise(promise.model, now)
+                    self._caps_lift_at = now
 
     def caps_lift_in_seconds(self) -> float | None:
         """How long until a cap of 0 the last `claim_caps` gave may lift: the first end
-        of a cool-down or probe promise that held a model at 0 (0 when it has passed);
-        None when that claim held no model at 0. Its claimer claims again then: a task
-        held back by a cool-down would otherwise wait for the next poll past its end."""
+        of a cool-down or probe promise that held a model at 0 (0 when it has passed,
+        or when `claim_took` passed a probe on); None when that claim held no model at
+        0. Its claimer claims again then: a task held back by a cool-down would
+        otherwise wait for the next poll past its end."""
         now = self._clock.now_ms()
         with self._lock:
             if self._caps_lift_at is None:
@@ -171,21 +210,26 @@ class Router:
         """Whether `url`'s probe is promised to a claim (of `model`'s tasks, if given)
         and the promise has not lapsed (the lock held)."""
         promise = self._promises.get(url)
-        return (promise is not None and now - promise.at_ms < _PROBE_PROMISE_MS
+        return (promise is not None and now < promise.until_ms
                 and model in (None, promise.model))
 
     def _turn_of(self, url: str) -> str | None:
         """The model whose claim may take `url`'s probe task next: the one after the
         model of its lapsed promise among those resting on it, in the order `pick` first
         saw them (the lock held)."""
-        resting = [m for m, us in self._urls_of.items()
-                   if url in us and not any(self._plainly_usable(u) for u in us)]
+        resting = self._resting_on(url)
         promise = self._promises.get(url)
         if not resting:
             return None
         if promise is None or promise.model not in resting:
             return resting[0]
         return resting[(resting.index(promise.model) + 1) % len(resting)]
+
+    def _resting_on(self, url: str) -> list[str]:
+        """The models with `url` and no plainly usable URL, in the order `pick` first
+        saw them: those among which its probe goes round (the lock held)."""
+        return [m for m, us in self._urls_of.items()
+                if url in us and not any(self._plainly_usable(u) for u in us)]
 
     def _plainly_usable(self, url: str) -> bool:
         """Usable without a probe: never cooled down, or its probe answered or ended
@@ -216,6 +260,7 @@ class Router:
                 until = self._clock.now_ms() + int(cooldown_seconds * 1000)
                 self._cool_until[url] = until
                 self._reports.cooldowns[(model_id, url)] = until
+                self._declined.pop(url, None)
             self._probing.discard(url)
 
     def take_reports(self) -> Reports:
