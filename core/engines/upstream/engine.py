@@ -38,6 +38,7 @@ import os
 import queue
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -60,7 +61,7 @@ from core.engines.base import (
 from core.engines.upstream import protocol, transport
 from core.engines.upstream.hosts import UrlRefused, check_allowed
 from core.engines.upstream.key_envs import KeyEnvRefused, check_key_env
-from core.engines.upstream.network import TlsHandshakeTimedOut
+from core.engines.upstream.network import TlsHandshakeTimedOut, causes
 from core.engines.upstream.routing import ROUTER, NoUrlNow, Router
 
 NAME = "openai"
@@ -69,6 +70,10 @@ SNAPSHOT_VERSION = 1
 # loop cannot (it is stuck); the relay and the loop's watch see a stop far sooner.
 _SAFETY_POLL_SECONDS = 1.0
 _CONNECT_SECONDS = 10.0
+# How long a finished answer's stream is waited for when neither its usage nor `[DONE]`
+# ends it (`_Read.lingers`): a server sends both at once after its finish, and one
+# that keeps the connection open instead held a complete answer for its whole timeout.
+_TAIL_SECONDS = 1.0
 
 
 class OpenAIEngine:
@@ -149,6 +154,12 @@ class _Progress:
         if text:
             self.pieces = _appended(self.pieces, text)
 
+    def count(self, output_tokens: int) -> None:
+        """The output count, never beyond what the store's columns hold: counted on past
+        a reported 2^31 - 1 (one more per delta), it made every write of the attempt
+        fail on PostgreSQL, which then waited out its lease."""
+        self.output_tokens = min(output_tokens, protocol.MAX_TOKENS)
+
     def chunk(self, text: str) -> Chunk:
         return Chunk(text, {"v": SNAPSHOT_VERSION, "text": _TextSoFar(self.pieces),
                             "output_tokens": self.output_tokens,
@@ -164,7 +175,11 @@ class _Read:
     store without end: text after its `finish_reason`, or past the task's
     `max_output_tokens` (asked for as `max_tokens`; a text delta holds at least one
     token, so text arriving once the limit's count is reached is past it). Either cuts
-    the read there, as finished, without that text (`cut`: the relay closes it)."""
+    the read there, as finished, without that text (`cut`: the relay closes it).
+
+    A finished answer is complete whatever its stream does next: the usage after the
+    finish is all that is still read (`settled` once it came), and a stream that
+    neither reports it nor ends soon after is not waited for (`lingers`)."""
 
     def __init__(self, progress: _Progress, url: str, limit: int | None) -> None:
         self.progress = progress
@@ -173,6 +188,8 @@ class _Read:
         self.echo = protocol.EchoStrip(progress.text)
         self.earlier_tokens = progress.output_tokens
         self.finished = False
+        self.finished_at = 0.0  # time.monotonic() when the finish came
+        self.settled = False  # finished, and a usage came with the finish or after it
         self.cut = False
 
     def absorb(self, payloads: list[Any]) -> tuple[Chunk | None, EngineError | None]:
@@ -190,7 +207,8 @@ class _Read:
             if piece.text and (self.finished or (self.limit is not None
                                                  and progress.output_tokens >= self.limit)):
                 text += self.echo.flush()
-                self.finished = self.cut = True
+                self._finish()
+                self.cut = True
                 break
             if piece.prompt_tokens is not None and not self.earlier_tokens:
                 progress.input_tokens = piece.prompt_tokens
@@ -198,17 +216,28 @@ class _Read:
             if piece.completion_tokens is not None:
                 # Never below the deltas seen: a server reporting 0 in every chunk
                 # would otherwise stream past `max_output_tokens` unchecked.
-                progress.output_tokens = max(progress.output_tokens + bool(piece.text), min(
-                    self.earlier_tokens + piece.completion_tokens, protocol.MAX_TOKENS))
+                progress.count(max(progress.output_tokens + bool(piece.text),
+                                   self.earlier_tokens + piece.completion_tokens))
                 counted = True
             elif piece.text:
-                progress.output_tokens += 1  # most servers stream one token per delta
+                progress.count(progress.output_tokens + 1)  # one token per delta, mostly
             text += self.echo.push(piece.text)
             if piece.finished:
                 text += self.echo.flush()
-                self.finished = True
+                self._finish()
+            if self.finished and piece.reported:
+                self.settled = True
         progress.add(text)
         return (progress.chunk(text) if text or counted else None), error
+
+    def _finish(self) -> None:
+        if not self.finished:
+            self.finished, self.finished_at = True, time.monotonic()
+
+    def lingers(self) -> bool:
+        """Whether the answer finished over `_TAIL_SECONDS` ago and its stream is still
+        open: what it might still send is at most a usage, not worth the wait."""
+        return self.finished and time.monotonic() - self.finished_at > _TAIL_SECONDS
 
 
 # The relay ended the request: `should_stop` was true (after a read, or watching), or
@@ -222,9 +251,11 @@ class _Relay:
     `control`, which also gets whatever ends the request. Under a lock, so once `close`
     returns nothing more is handed on and `read` is the engine thread's again. `room`
     is the transport's question after each read (`core.engines.base.Room`): the answer of an
-    `emit` that can hold back, else always yes. The first thing the server sends (a read,
-    a status, the end) is `answered`: a probe of a URL out of cool-down has succeeded,
-    and the router lets other attempts use the URL at once, not after this one ends."""
+    `emit` that can hold back, else always yes; so is `complete` (the answer finished and
+    its usage came: the stream ends there, as at `[DONE]`). The first thing the server
+    sends (a read, a status, the end) is `answered`: a probe of a URL out of cool-down
+    has succeeded, and the router lets other attempts use the URL at once, not after
+    this one ends."""
 
     def __init__(
         self, read: _Read, emit: Emit | None, control: queue.SimpleQueue[Any],
@@ -241,6 +272,9 @@ class _Relay:
 
     def room(self, wake: Callable[[], None]) -> bool:
         return self._holds is None or self._closed or self._holds.room(wake)
+
+    def complete(self) -> bool:
+        return self._read.settled
 
     def put(self, item: Any) -> None:
         with self._lock:
@@ -261,9 +295,10 @@ class _Relay:
 
     def watch(self) -> None:
         """The transport's timer, between reads: a stop asked for while the upstream
-        sends nothing ends the request too."""
+        sends nothing ends the request too, and so does a finished answer's stream that
+        lingers (`_Read.lingers`)."""
         with self._lock:
-            if not self._closed and self._should_stop():
+            if not self._closed and (self._should_stop() or self._read.lingers()):
                 self._end(_STOPPED)
 
     def _end(self, why: Any) -> None:
@@ -323,7 +358,8 @@ class UpstreamLoaded:
 
     def _headers(self) -> dict[str, str]:
         """The key's header, or a non-retryable `upstream_key_missing`: an entry stored
-        before `key_envs`' rule (or the setting) may name a variable never to be sent."""
+        before `key_envs`' rule (or the setting) may name a variable never to be sent, and
+        a value no header can carry (`_sendable`) would fail every attempt the same way."""
         name = self._entry.api_key_env
         if not name:
             return {}
@@ -335,6 +371,11 @@ class UpstreamLoaded:
         if not key:
             raise EngineError(protocol.KEY_MISSING,
                               f"environment variable {name} (api_key_env) is not set",
+                              retryable=False)
+        if not _sendable(key):
+            raise EngineError(protocol.KEY_MISSING,
+                              f"environment variable {name} (api_key_env) holds no key a "
+                              "header can carry (printable ASCII, no space at either end)",
                               retryable=False)
         return {"Authorization": f"Bearer {key}"}
 
@@ -398,7 +439,8 @@ class UpstreamLoaded:
         timeout = httpx.Timeout(seconds, connect=min(seconds, _CONNECT_SECONDS))
         stream = transport.open_stream(f"{url}/chat/completions", body, headers, timeout, relay,
                                        max_connections=self._options.upstream_concurrency,
-                                       watch=relay.watch, room=relay.room)
+                                       watch=relay.watch, room=relay.room,
+                                       complete=relay.complete)
         ended = False  # the stream's END: the transport finishes its connection itself
         try:
             while True:
@@ -415,6 +457,8 @@ class UpstreamLoaded:
                     return
                 if isinstance(item, Chunk):
                     yield item
+                elif read.finished:
+                    return  # a failure after the finish takes nothing from the answer
                 elif isinstance(item, transport.Status):
                     self._status(url, item)
                 elif isinstance(item, transport.Compressed):
@@ -457,31 +501,29 @@ class UpstreamLoaded:
         raise _Failover(protocol.stream_broken(url))
 
 
+def _sendable(key: str) -> bool:
+    """Whether `key` can follow `Bearer ` in a header. A line break or another control
+    character, a character beyond ASCII or a space at either end made the client refuse
+    the request as a broken connection (the URL cooled down, the model's other tasks
+    with it) or a broken stream, retried until dead-lettered."""
+    return key.isascii() and key.isprintable() and key == key.strip()
+
+
 def _describe(error: httpx.TransportError) -> str:
     """What failed, for the message. A connection that failed in its TLS handshake is
     told apart from a server that is down, so the operator sees a certificate this
     process does not trust (a private CA: `SSL_CERT_FILE`, docs/upstream.md) or an
     `https://` URL of a plain-HTTP server; the SSL error's own text is not repeated."""
     if isinstance(error, httpx.ConnectError):
-        causes = _causes(error)
-        if any(isinstance(cause, ssl.SSLCertVerificationError) for cause in causes):
+        chain = causes(error)
+        if any(isinstance(cause, ssl.SSLCertVerificationError) for cause in chain):
             return "TLS certificate not trusted (SSL_CERT_FILE names the CAs to trust)"
-        if any(isinstance(cause, ssl.SSLError) for cause in causes):
+        if any(isinstance(cause, ssl.SSLError) for cause in chain):
             return "TLS handshake failed"
         return "connection failed"
     if isinstance(error, httpx.TimeoutException):
-        if any(isinstance(cause, TlsHandshakeTimedOut) for cause in _causes(error)):
+        if any(isinstance(cause, TlsHandshakeTimedOut) for cause in causes(error)):
             return "TLS handshake timed out"
         return "timed out"
     return "connection broken"
 
-
-def _causes(error: BaseException) -> list[BaseException]:
-    """`error` and what it was raised from, down the chain (httpx's error is raised from
-    httpcore's, which `network` raises from the socket's or the SSL layer's)."""
-    chain: list[BaseException] = []
-    cause: BaseException | None = error
-    while cause is not None and cause not in chain:
-        chain.append(cause)
-        cause = cause.__cause__ or cause.__context__
-    return chain

@@ -65,19 +65,26 @@ class Piece:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
+    @property
+    def reported(self) -> bool:
+        """Whether it reported usage (a count a store column holds)."""
+        return self.prompt_tokens is not None or self.completion_tokens is not None
+
 
 def payload(data: bytes) -> Any:
     """One `data:` payload's JSON (the transport hands it on; `ValueError` if malformed).
 
     What the fast parse refuses is parsed once more, leniently, where it used to break
     the stream on every attempt, dead-letter the task and lose the text before it:
-    bytes that are not UTF-8 become U+FFFD, and an integer longer than any token count
-    is read as a float (Python refuses to convert one of over 4,300 digits), which no
-    count accepts (`_count`). A well-formed payload costs what `json.loads` does."""
+    bytes that are not UTF-8 become U+FFFD, a control character written raw inside a
+    string (a TAB, a NUL) is read as if escaped (a NUL then becomes U+FFFD, as an
+    escaped one does: `storable`), and an integer longer than any token count is read
+    as a float (Python refuses to convert one of over 4,300 digits), which no count
+    accepts (`_count`). A well-formed payload costs what `json.loads` does."""
     try:
         return json.loads(data)
     except ValueError:
-        return json.loads(data.decode("utf-8", "replace"), parse_int=_integer)
+        return json.loads(data.decode("utf-8", "replace"), parse_int=_integer, strict=False)
 
 
 def _integer(digits: str) -> int | float:

@@ -26,7 +26,8 @@ bodies asked for and read uncompressed (`open_stream`). A connection serves atte
 after attempt (a hosted API's TLS handshake is paid once, not per attempt): after
 `[DONE]` the body is read to its end, which is what returns a connection to the pool;
 one the upstream closed just as it was handed out is met by sending the request again
-(`_send`).
+(`_send`). An answer its reader calls complete without `[DONE]` (`open_stream`'s
+`complete`) ends there just the same.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any, Protocol
 
+import h11
 import httpx
 
 from core.engines.base import Room
 from core.engines.upstream import protocol
-from core.engines.upstream.network import asyncio_transport
+from core.engines.upstream.network import asyncio_transport, causes
 from core.thread_names import named_thread
 
 _lock = threading.Lock()
@@ -64,6 +66,12 @@ class Compressed:
     not read (`open_stream`)."""
 
 
+class MalformedHead(ValueError):
+    """The upstream answered with a head that cannot be parsed (a garbage status line,
+    a transfer coding other than chunked, a head beyond h11's limit): an answer, broken
+    like a malformed chunk, not a hang-up to send the request again for (`_send`)."""
+
+
 END = object()  # the stream is over (after [DONE], or the connection ended)
 WATCH_SECONDS = 0.05  # how soon a stop is seen while the upstream sends nothing
 _DONE = b"[DONE]"
@@ -72,14 +80,15 @@ _LINE_ENDS = (b"\n", b"\r")
 # line would otherwise grow the buffer until the process runs out of memory. A chunk
 # of a real server's stream is a few hundred bytes.
 MAX_LINE_BYTES = 1 << 20
-# After `[DONE]` the rest of the body (its last chunk, normally in the same read or
-# the next) is read for at most this long and this much, so that the connection goes
-# back to the pool; past either it is closed. END is put before, so the attempt never
-# waits for it.
+# After `[DONE]` (or what `complete` calls the end) the rest of the body (its last
+# chunk, normally in the same read or the next) is read for at most this long and this
+# much, so that the connection goes back to the pool; past either it is closed. END is
+# put before, so the attempt never waits for it.
 DRAIN_SECONDS = 1.0
 DRAIN_BYTES = 1 << 16
 # How a request meets a connection the upstream has just closed: it hangs up, or
-# resets, before any answer (`_send`). Not a timeout, not a refused connection.
+# resets, before any answer (`_send`). Not a timeout, not a refused connection, not
+# an answer whose head cannot be parsed (`MalformedHead`).
 _UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 RESENDS = 3
 
@@ -155,12 +164,18 @@ def _shared(max_connections: int) -> _Transport:
 def open_stream(
     url: str, body: dict[str, Any], headers: dict[str, str], timeout: httpx.Timeout,
     into: Into, *, max_connections: int, watch: Callable[[], None], room: Room | None = None,
+    complete: Callable[[], bool] | None = None,
 ) -> Future[Any]:
     """POST `body` to `url` with `stream: true` and put into `into`, in order: a `Status`
     (then END) for a non-200 answer, `Compressed` (then END) for a compressed one, else
     lists of the `data:` payloads parsed as JSON (each list non-empty: what one read
     brought); then END. A transport failure is put as the exception itself, after the
     payloads read before it and before END.
+
+    `complete` is asked after each read that brought payloads, on this loop's thread:
+    once it says yes, the stream is over as at `[DONE]` (END at once, the body's end
+    read as after `[DONE]`). An upstream that keeps the connection open after its
+    answer's end without `[DONE]` would otherwise hold the attempt until its timeout.
 
     The client asks for an uncompressed body: a decompressor inflates each read whole,
     so a small compressed read from a broken or hostile upstream could take the
@@ -177,16 +192,18 @@ def open_stream(
     may still be reading the body's end (`DRAIN_SECONDS`) to keep the connection; it
     needs nothing more from the caller."""
     transport = _shared(max_connections)
-    return transport.run(_watched(transport, watch, url, body, headers, timeout, into, room))
+    return transport.run(_watched(transport, watch, url, body, headers, timeout, into, room,
+                                  complete))
 
 
 async def _watched(
     transport: _Transport, watch: Callable[[], None], url: str, body: dict[str, Any],
     headers: dict[str, str], timeout: httpx.Timeout, into: Into, room: Room | None,
+    complete: Callable[[], bool] | None,
 ) -> None:
     transport.watch(watch)
     try:
-        await _pump(transport.client, url, body, headers, timeout, into, room)
+        await _pump(transport.client, url, body, headers, timeout, into, room, complete)
     finally:
         transport.unwatch(watch)
 
@@ -224,10 +241,11 @@ class _Held:
 async def _pump(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
     timeout: httpx.Timeout, into: Into, room: Room | None = None,
+    complete: Callable[[], bool] | None = None,
 ) -> None:
     held = None if room is None else _Held(asyncio.get_running_loop(), room)
     batch: list[Any] = []
-    done = False  # `[DONE]` came and END is put: what follows only keeps the connection
+    done = False  # `[DONE]` (or `complete`) came: what follows only keeps the connection
     try:
         request = client.build_request("POST", url, json=body, headers=headers,
                                        timeout=timeout)
@@ -250,6 +268,7 @@ async def _pump(
                 if batch:
                     into.put(batch)
                     batch = []
+                    done = done or (complete is not None and complete())
                     if held is not None and not done:
                         await held.until_room()
                 if done:
@@ -295,10 +314,22 @@ async def _send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Resp
     the last try's failure is the request's."""
     for _ in range(RESENDS):
         try:
-            return await client.send(request, stream=True)
+            return await _head(client, request)
         except _UNANSWERED:
             continue
-    return await client.send(request, stream=True)
+    return await _head(client, request)
+
+
+async def _head(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """One try of `_send`. A head h11 could not parse is `MalformedHead`: httpx reports
+    it as the same `RemoteProtocolError` as a hang-up, and it was sent again as one,
+    four times per attempt for an answer that comes back the same each time."""
+    try:
+        return await client.send(request, stream=True)
+    except httpx.RemoteProtocolError as exc:
+        if any(isinstance(cause, h11.RemoteProtocolError) for cause in causes(exc)):
+            raise MalformedHead("the upstream's answer head cannot be parsed") from exc
+        raise
 
 
 class DataLines:
