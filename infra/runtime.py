@@ -87,10 +87,12 @@ def _register_default_model(db: Database, settings: Settings) -> str | None:
     return DEFAULT_MODEL_ID
 
 
-def serve_all_in_one(*, host: str, port: int, idle_timeout_seconds: float) -> None:
+def serve_all_in_one(
+    *, host: str, port: int, idle_timeout_seconds: float, drain_seconds: float
+) -> None:
     """Serve the API with the sweeper loop until SIGINT/SIGTERM (one granian worker)."""
     serve(ALL_IN_ONE_APP, host=host, port=port, workers=1, factory=True,
-          idle_timeout_seconds=idle_timeout_seconds)
+          idle_timeout_seconds=idle_timeout_seconds, drain_seconds=drain_seconds)
 
 
 def all_in_one_app() -> Litestar:

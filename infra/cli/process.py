@@ -148,7 +148,8 @@ def run(host: str, port: int) -> None:
     # forked with the lock's descriptor, so the sign lasts while either of them lives.
     with database(settings, check=False, role="run") as db, sweeping(db):
         serve_all_in_one(host=host, port=port,
-                         idle_timeout_seconds=settings.http_idle_timeout_seconds)
+                         idle_timeout_seconds=settings.http_idle_timeout_seconds,
+                         drain_seconds=settings.drain_seconds)
 
 
 @contextmanager
