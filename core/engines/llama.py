@@ -42,6 +42,7 @@ from core.errors import InvalidInput
 from core.model_files import hashed_file
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256
+_BPE = 2  # llama.h's LLAMA_VOCAB_TYPE_BPE, which the binding does not export
 
 
 @functools.cache
@@ -136,6 +137,36 @@ def apply_template(llama_model: llama_cpp.LlamaModel, messages: list[dict[str, s
     return llama_model.chat_apply_template(template, chat, True)
 
 
+def content_cut(
+    llama_model: llama_cpp.LlamaModel, messages: list[dict[str, str]], rendered: str
+) -> list[str] | None:
+    """`rendered`, the template's rendering of `messages`, cut where each message's
+    content stands: markup, content, markup, …, markup. None when the template does not
+    insert every content unchanged and in order (a template may trim one), since then no
+    cut tells a content's text from the template's.
+
+    The messages are rendered again with each content replaced by a marker absent from
+    `rendered`, and the markup between markers is trusted only if putting the contents
+    back gives `rendered` exactly.
+    """
+    marker = _marker_absent_from(rendered)
+    marked = apply_template(llama_model, [{**m, "content": marker} for m in messages])
+    markup = marked.split(marker)
+    if len(markup) != len(messages) + 1:
+        return None
+    pieces = [markup[0]]
+    for message, after in zip(messages, markup[1:], strict=True):
+        pieces += [storable(message["content"]), after]
+    return pieces if "".join(pieces) == rendered else None
+
+
+def _marker_absent_from(text: str) -> str:
+    """A random string that `text` does not hold, to stand in for a message's content."""
+    while (marker := f"content-{secrets.token_hex(16)}") in text:
+        pass
+    return marker
+
+
 class LlamaLoadedModel:
     """One loaded GGUF model and its decode loop; `generate` may be called from several
     threads at once, and the calls share the loop's batches."""
@@ -189,13 +220,17 @@ class LlamaLoadedModel:
         """The messages as the model's chat template renders them, in token ids."""
         try:
             prompt = apply_template(self.llama_model, messages)
+            cut = content_cut(self.llama_model, messages, prompt)
         except (RuntimeError, KeyError, TypeError) as exc:
             raise EngineError(
                 "invalid_messages",
                 "the chat template cannot render these messages",
                 retryable=False,
             ) from exc
-        tokens = self._vocab.tokenize(prompt, True, True)
+        if cut is not None and self._vocab.vocab_type == _BPE:
+            tokens = self._cut_tokens(cut)
+        else:
+            tokens = self._whole_tokens(prompt, messages)
         if len(tokens) >= self.context_tokens:
             raise EngineError(
                 "context_length_exceeded",
@@ -203,6 +238,41 @@ class LlamaLoadedModel:
                 retryable=False,
             )
         return tokens
+
+    def _cut_tokens(self, cut: list[str]) -> list[int]:
+        """The prompt in token ids, control tokens read in the template's markup only.
+
+        A client's message that spells the template's markers (`<|im_end|>`) must stay
+        text: read as control tokens, it ends its own turn and forges others (a system
+        prompt, an assistant's answer). Each piece is tokenized alone. With BPE that
+        gives the whole prompt's tokens except where whitespace at a content's start
+        would have merged with the markup's before it (a newline opening a content after
+        the markup's newline is a token of its own): the same text, a token longer.
+        Vocabularies that prefix every text fragment with a space (SentencePiece) would
+        change the text, so they are read whole instead.
+        """
+        vocab = self._vocab
+        tokens = [vocab.token_bos()] if vocab.get_add_bos() else []
+        for index, piece in enumerate(cut):
+            tokens += vocab.tokenize(piece, False, index % 2 == 0)
+        if vocab.get_add_eos():
+            tokens.append(vocab.token_eos())
+        return tokens
+
+    def _whole_tokens(self, prompt: str, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt in token ids, read whole, for a template or vocabulary that cannot
+        be tokenized piece by piece: safe only if no content spells a control token, so
+        a message that does is refused rather than let it forge turns."""
+        vocab = self._vocab
+        for message in messages:
+            content = storable(message["content"])
+            if vocab.tokenize(content, False, True) != vocab.tokenize(content, False, False):
+                raise EngineError(
+                    "invalid_messages",
+                    "a message spells a control token of this model's chat template",
+                    retryable=False,
+                )
+        return vocab.tokenize(prompt, True, True)
 
     def _resume_point(
         self, snapshot: Snapshot | None, request: GenerationRequest
