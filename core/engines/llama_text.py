@@ -33,9 +33,12 @@ class Utf8Pieces:
         return text
 
     def flush(self) -> str:
+        """The text still held, at the end of a generation: a character whose bytes were
+        cut off by the end (`max_output_tokens` reached mid-character) is left out, not
+        shown as U+FFFD."""
         text = self._decode() if self._held else ""
         self._held.clear()
-        return text
+        return text.rstrip(_REPLACEMENT)
 
     def _decode(self) -> str:
         if len(self._held) == 1:

@@ -260,3 +260,14 @@ def test_text_pieces_never_split_a_multibyte_character(default_model_file: Model
     assert "" in emitted  # some characters did span tokens
     assert all("\ufffd" not in piece for piece in emitted)
     assert "".join(emitted) + pieces.flush() == sample
+
+
+@pytest.mark.model
+def test_a_character_cut_off_by_the_end_is_left_out_not_replaced(
+        default_model_file: ModelFile) -> None:
+    vocab_model = llama_cpp.LlamaModel(str(default_model_file.path), llama_cpp.LlamaModelParams())
+    vocab = vocab_model.get_vocab()
+    tokens = vocab.tokenize("ok 😀", False, False)
+    pieces = Utf8Pieces(vocab)
+    emitted = "".join(pieces.push(token) for token in tokens[:-1])  # the emoji's last byte
+    assert emitted + pieces.flush() == "ok "
