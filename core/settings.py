@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import stat
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -244,11 +245,18 @@ def _read_environment() -> dict[str, str]:
 
 
 def _read_file() -> dict[str, Any]:
-    if not Path(TOML_FILE).is_file():
+    """The settings of `taskward.toml`, none when there is no such name. Whatever else
+    has the name (a directory, a FIFO, a dangling link) stops start-up: it was ignored,
+    and the operator's settings with it, without a word. Nothing but a regular file is
+    opened: opening a FIFO waits for a writer."""
+    if not os.path.lexists(TOML_FILE):
         return {}
     import tomllib  # only with a file: its import compiles regexes at every start
 
     try:
+        if not stat.S_ISREG(os.stat(TOML_FILE).st_mode):
+            raise SettingsError(f"{TOML_FILE}: cannot read it: {Path(TOML_FILE).absolute()} "
+                                "is not a regular file")
         with open(TOML_FILE, "rb") as file:
             return tomllib.load(file)
     except tomllib.TOMLDecodeError as exc:

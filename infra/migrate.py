@@ -3,7 +3,8 @@
 `upgrade` brings a database to head in one write transaction, so that processes
 starting together, and writers still running beside it, do not race it. `check_schema`
 refuses a database whose revision this code does not know — a newer taskward wrote it —
-or that is behind head, with a message that tells the operator what to run.
+that has taskward's tables but no revision, or that is behind head, with a message that
+tells the operator what to do (the same as `upgrade`'s where it refuses too).
 """
 
 from __future__ import annotations
@@ -176,9 +177,14 @@ def check_schema(engine: Engine) -> None:
     """Raise `SchemaMismatch` unless the database is exactly at this code's head.
 
     The revision is read once (a table lookup and a SELECT): every process checks
-    before its first statement, a sweeper before its first claim."""
+    before its first statement, a sweeper before its first claim. Only a database
+    without a revision has its tables listed: one with taskward's tables is refused as
+    `upgrade` refuses it, where `schema_behind` sent the operator to a `migrate` that
+    would refuse it too."""
     with engine.connect() as connection:
         revision = current_revision(connection)
+        if revision is None:
+            _refuse_foreign_tables(connection)
     _refuse_unknown(revision)
     if revision != head_revision():
         raise SchemaMismatch(

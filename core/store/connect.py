@@ -31,14 +31,16 @@ from core.store.libpq import (
 ProcessRole = Literal["api", "sweeper", "run", "cli"]
 
 
-def create_db_engine(settings: Settings, role: ProcessRole = "api") -> Engine:
+def create_db_engine(settings: Settings, role: ProcessRole = "api", *,
+                     create: bool = True) -> Engine:
     """An engine for `settings.database_url`; SQLite gets WAL, busy timeout, synchronous,
     PostgreSQL the connection bounds (`core.store.libpq`) and `role`'s name. The API
-    app opens its store without naming a role, so "api" is the default."""
+    app opens its store without naming a role, so "api" is the default. A SQLite store
+    that does not exist is made only when `create` (for what migrates it)."""
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite":
         if url.database:
-            _owner_only(Path(url.database))
+            _owner_only(Path(url.database), create=create)
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False,
@@ -73,9 +75,12 @@ def _not_closed_while_idle(dbapi_connection: Any, _record: Any, _proxy: Any) -> 
         raise DisconnectionError("the server ended this connection while it was idle")
 
 
-def _owner_only(database: Path) -> None:
+def _owner_only(database: Path, *, create: bool) -> None:
     """Create the store's directory (0700) and file (0600) for their owner alone, or
     `SettingsError` (one line: what is wrong, what to do) with nothing changed.
+    Without `create`, a store that is not there is such an error: a command that could
+    only find a new store behind head made one (and its directories) on its way to
+    saying so.
 
     Prompts and outputs live in these files. SQLite gives `-wal` and `-shm` the mode
     of the database file, so they follow. An existing store is narrowed too (one made
@@ -87,13 +92,12 @@ def _owner_only(database: Path) -> None:
     where a chmod before SQLite's own check had made it 0600, as root too.
     """
     try:
-        directory = database.parent
-        if not directory.exists():
-            directory.mkdir(parents=True, exist_ok=True)
-            directory.chmod(0o700)
-        if not _created(database):
+        made = create and _created_with_directory(database)
+        if not made:
             _refuse_unless_a_store(database)
     except OSError as exc:
+        if not create and exc.errno == errno.ENOENT:
+            raise SettingsError(_not_there(database)) from None
         raise SettingsError(_cannot_use(database, exc)) from None
     for path in (database, *(database.with_name(database.name + s) for s in ("-wal", "-shm"))):
         try:
@@ -104,6 +108,15 @@ def _owner_only(database: Path) -> None:
             continue
         except PermissionError:  # another user's file: theirs to narrow
             continue
+
+
+def _created_with_directory(database: Path) -> bool:
+    """`_created`, in a directory made (0700) if it is missing."""
+    directory = database.parent
+    if not directory.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o700)
+    return _created(database)
 
 
 def _created(database: Path) -> bool:
@@ -149,9 +162,15 @@ def _cannot_use(database: Path, exc: OSError) -> str:
             f"{exc.strerror}; {todo}")
 
 
+def _not_there(database: Path) -> str:
+    return (f"there is no store at {database.absolute()}: run `taskward migrate` first, "
+            "which creates it, or set TASKWARD_DATABASE_URL to an existing store; nothing "
+            "was created")
+
+
 def open_database(settings: Settings, clock: Clock | None = None,
-                  role: ProcessRole = "api") -> Database:
-    return Database(create_db_engine(settings, role), clock)
+                  role: ProcessRole = "api", *, create: bool = True) -> Database:
+    return Database(create_db_engine(settings, role, create=create), clock)
 
 
 def _configure_sqlite(engine: Engine, settings: Settings) -> None:

@@ -30,8 +30,10 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JS
 def database(settings: Settings, *, check: bool = True,
              role: ProcessRole = "cli") -> Iterator[Database]:
     """An open database, schema-checked unless `check` is False (migrate itself), its
-    connections named for `role` (`core.store.connect`)."""
-    db = open_database(settings, role=role)
+    connections named for `role` (`core.store.connect`). A SQLite store that does not
+    exist is created only unchecked: a checked one could only be refused as behind, and
+    the command would leave an empty database (and its directories) behind."""
+    db = open_database(settings, role=role, create=not check)
     try:
         with privileges_named():
             if check:

@@ -9,6 +9,10 @@ be told not to, so the address is tried first with a plain socket (no SO_REUSEPO
 which any listener refuses, taskward or not. The same bind names a host that is not an
 address of this machine, where granian would dump a panic.
 
+Port 0 is settled by the same bind: the kernel picks a free port for the probe, and the
+server is started on that port, so `run`'s `serving on` line and granian's own name the
+port that answers (granian given 0 listened on a random port and printed `:0`).
+
 What the check cannot close: a server that starts listening between the check and
 granian's own bind (two servers started together; for `run`, during its migrations).
 """
@@ -25,8 +29,7 @@ import click
 
 Command = TypeVar("Command", bound=Callable[..., object])
 
-# Port 0 is accepted: granian then listens on a port the kernel picks, shared by its
-# workers, but it does not say which (it logs `:0`), so only `ss -ltnp` tells.
+# Port 0 is accepted: `ensure_free` turns it into a free port the kernel picks.
 PORT = click.IntRange(0, 65535)
 
 
@@ -53,9 +56,11 @@ def listen_options(command: Command) -> Command:
                         help="IP address of this machine to listen on.")(command)
 
 
-def ensure_free(host: str, port: int) -> None:
-    """Return when a server could listen on (host, port) now; otherwise end the command
-    with one line saying why (exit status 1).
+def ensure_free(host: str, port: int) -> int:
+    """The port a server could listen on at `host` now: `port` itself, or for 0 the free
+    one the kernel picked (the server must be started on it, so that what it prints and
+    what answers agree); otherwise end the command with one line saying why (exit
+    status 1).
 
     SO_REUSEADDR is set so that connections of an earlier server still in TIME_WAIT do
     not block a restart; a socket that listens still refuses the bind.
@@ -67,6 +72,7 @@ def ensure_free(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise click.ClickException(_refusal(host, port, exc)) from None
+        return int(probe.getsockname()[1])
 
 
 def _refusal(host: str, port: int, exc: OSError) -> str:

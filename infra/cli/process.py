@@ -130,7 +130,7 @@ def run(host: str, port: int) -> None:
     with collector_paused():
         from infra.runtime import prepare, serve_all_in_one
     settings = _worker_settings()
-    ensure_free(host, port)  # before the store is touched: a refused `run` leaves no trace
+    port = ensure_free(host, port)  # before the store is touched: a refused `run` leaves no trace
     with domain_errors(), privileges_named():
         prepared = prepare(settings)
     click.echo(f"schema at {prepared.revision}; " + (

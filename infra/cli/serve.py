@@ -20,7 +20,7 @@ def serve(host: str, port: int, workers: int) -> None:
     settings = load_settings()
     with database(settings, role="api"):
         pass
-    ensure_free(host, port)
+    port = ensure_free(host, port)
     serve_api(host=host, port=port, workers=workers,
               idle_timeout_seconds=settings.http_idle_timeout_seconds)
 

@@ -161,7 +161,7 @@ def test_sweeper_refuses_a_bad_schedule_as_a_usage_error_naming_the_option(
 
 
 def test_sweeper_takes_a_good_schedule_as_its_maintenance_schedule(tmp_path: Path) -> None:
-    """Accepted, it goes on to the store, whose schema (none yet) then stops it."""
+    """Accepted, it goes on to the store, whose absence (none yet) then stops it."""
     env = service_env(f"sqlite:///{tmp_path}/taskward.db", tmp_path)
     done = subprocess.run([TASKWARD, "sweeper", "--schedule", "*/5 * * * *"], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)

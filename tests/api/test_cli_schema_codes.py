@@ -24,6 +24,7 @@ def test_a_schema_refusal_is_printed_with_its_code(
         command: list[str], revision: str | None, said: str, tmp_path: Path,
         sqlite_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "taskward.db"
+    store.touch()  # an empty database: a store not migrated yet (none at all is not made)
     if revision is not None:
         copy_sqlite(sqlite_template, store)
         with closing(sqlite3.connect(store)) as connection, connection:
