@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, get_args, get_origin, get_type_hints
 
@@ -16,6 +19,7 @@ from core.settings import (
     SettingsError,
     load_settings,
 )
+from tests.api.served import TASKWARD
 
 
 @pytest.fixture(autouse=True)
@@ -259,3 +263,48 @@ def test_a_toml_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     (tmp_path / "taskward.toml").write_bytes(b"\xff\xfe = 1")
     with pytest.raises(SettingsError, match=r"^taskward.toml: not UTF-8 text \(byte 0xff"):
         load_settings()
+
+
+# A `taskward.toml` in the working directory that is there but is no regular file stops
+# start-up with one line naming it (docs/settings.md: one that "cannot be read"): a
+# directory (or a FIFO, or a link to nothing) of that name was taken for no file at
+# all, and every command went on with the defaults.
+
+
+def _directory(path: Path) -> None:
+    path.mkdir()
+    (path / "lease_seconds").write_text("40\n")  # what an operator may have meant
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)  # opened, it would wait for a writer that never comes
+
+
+def _dangling_link(path: Path) -> None:
+    path.symlink_to(path.with_name("moved.toml"))
+
+
+@pytest.mark.parametrize(("make", "said"), [
+    (_directory, "{path} is not a regular file"),
+    (_fifo, "{path} is not a regular file"),
+    (_dangling_link, "No such file or directory"),
+], ids=["directory", "fifo", "dangling-link"])
+def test_a_taskward_toml_that_is_no_regular_file_stops_start_up(
+        make: Callable[[Path], None], said: str, tmp_path: Path) -> None:
+    path = tmp_path / "taskward.toml"
+    make(path)
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    assert str(refused.value) == "taskward.toml: cannot read it: " + said.format(path=path)
+
+
+def test_a_command_started_beside_a_taskward_toml_directory_exits_1_naming_it(
+        tmp_path: Path) -> None:
+    _directory(tmp_path / "taskward.toml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKWARD_")}
+    done = subprocess.run([TASKWARD, "tasks", "list"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr.splitlines()) == (1, [
+        f"Error: configuration error: taskward.toml: cannot read it: {tmp_path}/taskward.toml "
+        "is not a regular file"])
+    assert list(tmp_path.iterdir()) == [tmp_path / "taskward.toml"]  # no store was made either
