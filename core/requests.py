@@ -42,7 +42,9 @@ _ONLY_SUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
     "store": ((True,), "taskward stores every response"),
     "tools": (([],), "taskward runs no tools"),
     "tool_choice": (("none", "auto"), "taskward runs no tools"),
-    "text": (({"format": {"type": "text"}},), "the output is plain text"),
+    # OpenAI's own response objects show `verbosity: "medium"`, its default, beside it.
+    "text": (({"format": {"type": "text"}}, {"format": {"type": "text"}, "verbosity": "medium"}),
+             "the output is plain text"),
     "truncation": (("disabled",), "an input beyond the model's context fails the task"),
     "include": (([],), "a response has nothing more to include"),
 }

@@ -21,7 +21,7 @@ ACCEPTED: list[tuple[str, Any]] = [
     ("store", True), ("store", None), ("tools", []), ("tool_choice", "none"),
     ("tool_choice", "auto"), ("parallel_tool_calls", True), ("parallel_tool_calls", False),
     ("text", {"format": {"type": "text"}}), ("truncation", "disabled"), ("include", []),
-    ("user", "user-42"),
+    ("text", {"format": {"type": "text"}, "verbosity": "medium"}), ("user", "user-42"),
 ]
 REFUSED: list[tuple[str, Any]] = [
     ("store", False), ("store", 1), ("tools", [{"type": "function", "name": SECRET}]),
@@ -31,7 +31,8 @@ REFUSED: list[tuple[str, Any]] = [
     ("include", [SECRET]), ("user", "x" * 257), ("user", f"{SECRET}\n"),
 ]
 ONLY = {"store": "only true", "tools": "only []", "tool_choice": 'only "none" or "auto"',
-        "text": 'only {"format": {"type": "text"}}', "truncation": 'only "disabled"',
+        "text": 'only {"format": {"type": "text"}} or {"format": {"type": "text"}, '
+                '"verbosity": "medium"}', "truncation": 'only "disabled"',
         "include": "only []"}
 
 
