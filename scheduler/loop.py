@@ -47,7 +47,7 @@ import threading
 from core.failure_streak import FailureStreak
 from core.settings import Settings
 from core.store.database import WORK_CHANNEL, Database
-from core.store.outage import drop_cause, is_connection_dropped
+from core.store.outage import drop_said, is_connection_dropped
 from core.thread_names import named_thread
 from scheduler.timer import MaintenanceTimer
 from scheduler.workers import Workers
@@ -122,8 +122,7 @@ class SweeperLoop:
             except Exception as exc:
                 if claimed and is_connection_dropped(exc):
                     claimed = False
-                    log.warning("claim: the store dropped the connection: %s; claiming again "
-                                "at once on a fresh one", drop_cause(exc))
+                    log.warning("%s", drop_said("claim", "claiming again", exc))
                     continue
                 failures.failed(exc)
                 self._first_claim.set()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from core.clock import Clock
 from core.cron import next_slot, parse_cron
 from core.failure_streak import FailureStreak
-from core.store.outage import drop_cause, is_connection_dropped
+from core.store.outage import drop_said, is_connection_dropped
 from core.thread_names import named_thread
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,7 @@ class MaintenanceTimer:
             except Exception as exc:
                 if not is_connection_dropped(exc):
                     raise
-                log.warning("maintenance: the store dropped the connection: %s; running the "
-                            "pass again at once on a fresh one", drop_cause(exc))
+                log.warning("%s", drop_said("maintenance", "running the pass again", exc))
                 self._run_pass()
         except Exception as exc:  # a failed pass is retried at the next slot, never fatal
             self._failures.failed(exc)

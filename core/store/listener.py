@@ -14,7 +14,7 @@ import psycopg
 from sqlalchemy.exc import DBAPIError
 
 from core.failure_streak import FailureStreak
-from core.store.outage import drop_cause, is_connection_dropped
+from core.store.outage import drop_said, is_connection_dropped
 from core.thread_names import named_thread
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,7 @@ class PgListener:
                 # Judged as the pool's errors are, which SQLAlchemy has translated.
                 error = DBAPIError.instance(None, None, exc, psycopg.Error)
                 if listening and is_connection_dropped(error):
-                    log.warning("LISTEN: the store dropped the connection: %s; listening again"
-                                " at once on a fresh one", drop_cause(error))
+                    log.warning("%s", drop_said("LISTEN", "listening again", error))
                     continue
                 failures.failed(exc)
                 self._stop.wait(_RECONNECT_SECONDS)

@@ -116,6 +116,14 @@ def drop_cause(exc: BaseException) -> str:
     return "no SQLSTATE, the server or the network closed it"
 
 
+def drop_said(who: str, again: str, exc: BaseException) -> str:
+    """The one line a loop logs when the store dropped its connection under it and it
+    does `again` at once (`is_connection_dropped`): the claimer, the LISTEN thread and
+    the maintenance pass say it alike, so an operator greps one phrase."""
+    return (f"{who}: the store dropped the connection: {drop_cause(exc)}; {again} at once "
+            "on a fresh one")
+
+
 def is_privilege_refused(exc: BaseException) -> bool:
     """Whether `exc` is PostgreSQL refusing this role a store table (`42501`): the one
     outage whose next step is a GRANT, not a check of the server."""
