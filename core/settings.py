@@ -3,7 +3,9 @@
 Sources, strongest first: `TASKWARD_*` environment variables (names in any case),
 then an optional `taskward.toml` in the working directory (keys without the prefix,
 lower case). Parsing is strict: an unknown key (in any case), a bad value or an
-inconsistent pair stops start-up with a message that names the key.
+inconsistent pair stops start-up with a message that names the key. Each source is
+held to its own form as strictly: a whole-number setting is digits in the environment,
+a TOML integer in the file.
 
 `Settings` is a frozen dataclass whose bounds are msgspec's (`Meta` in each field's
 annotation), and `load_settings` reads the two sources and converts them with
@@ -177,21 +179,32 @@ class Settings:
 SETTING_NAMES = frozenset(setting.name for setting in fields(Settings))
 
 
-def _whole_number_settings() -> frozenset[str]:
-    """The settings whose value is an integer, told by their defaults: asking the type
-    hints instead evaluated every annotation, 0.56 ms of every process's start-up
-    (`tests/test_settings.py` checks that the two agree)."""
+def _setting_types() -> dict[str, type]:
+    """Each setting's type, told by its default: asking the type hints instead
+    evaluated every annotation, 0.56 ms of every process's start-up
+    (`tests/test_settings.py` checks that the two agree on the integers)."""
     def default(setting: Field[Any]) -> object:
         if setting.default_factory is not MISSING:
             return setting.default_factory()
         return setting.default
-    return frozenset(setting.name for setting in fields(Settings)
-                     if type(default(setting)) is int)
+    return {setting.name: type(default(setting)) for setting in fields(Settings)}
 
 
+_SETTING_TYPES = _setting_types()
 # msgspec's lax conversion reads a text `1e1` or `2.0` as the integer it equals, where
 # `2.5` and `+2` are refused: a whole-number setting given as text is digits only.
-_WHOLE_NUMBER_SETTINGS = _whole_number_settings()
+_WHOLE_NUMBER_SETTINGS = frozenset(name for name, kind in _SETTING_TYPES.items() if kind is int)
+# What a `taskward.toml` value of each setting type must be, as TOML names it: the
+# file's values are typed, so the file is held to them, as strictly as the environment
+# holds its text (msgspec's lax conversion, which the environment needs, took `2.0`
+# and `"30"` from the file). A float setting takes an integer too (`lease_seconds = 30`).
+_TOML_TYPES: dict[type, tuple[str, tuple[type, ...]]] = {
+    int: ("an integer", (int,)),
+    float: ("a number", (int, float)),
+    str: ("a string", (str,)),
+}
+_TOML_NAMES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+               list: "an array", dict: "a table"}
 _DIGITS = re.compile(r"[0-9]+")
 _AT_FIELD = re.compile(r"(?P<message>.*) - at `\$\.(?P<name>\w+)`$")
 
@@ -210,6 +223,7 @@ def load_settings(**overrides: object) -> Settings:
     if unknown:
         raise SettingsError(f"{TOML_FILE}: unknown setting {unknown[0]} "
                             f"({ENV_PREFIX}{unknown[0].upper()} is not one)")
+    _check_file_types(from_file)
     values = {**from_file, **from_env, **overrides}
     for name in sorted(_WHOLE_NUMBER_SETTINGS & values.keys()):
         if isinstance(values[name], str) and not _DIGITS.fullmatch(values[name]):
@@ -221,7 +235,23 @@ def load_settings(**overrides: object) -> Settings:
         found = _AT_FIELD.match(str(exc))
         if found is None:
             raise SettingsError(f"settings: {exc}") from None
-        raise SettingsError(f"{ENV_PREFIX}{found['name'].upper()}: {found['message']}") from None
+        name = found["name"]
+        from_the_file = name in from_file and name not in from_env and name not in overrides
+        given = f"{TOML_FILE}: {name}" if from_the_file else f"{ENV_PREFIX}{name.upper()}"
+        raise SettingsError(f"{given}: {found['message']}") from None
+
+
+def _check_file_types(from_file: dict[str, Any]) -> None:
+    """`SettingsError` naming the file, the key and the TOML type it takes, for the
+    first value of `taskward.toml` not of its setting's type (`_TOML_TYPES`). A path
+    is a string. The value is not quoted: the file may hold a database password."""
+    for name in sorted(from_file):
+        kind = _SETTING_TYPES[name]
+        expected, takes = _TOML_TYPES[str if issubclass(kind, Path) else kind]
+        value = from_file[name]
+        if type(value) not in takes:  # `type`: TOML's `true` is no integer
+            found = _TOML_NAMES.get(type(value), "a date or time")
+            raise SettingsError(f"{TOML_FILE}: {name} must be {expected}, not {found}")
 
 
 def _read_environment() -> dict[str, str]:
