@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.exc import DBAPIError
 
 from core.errors import SchemaMismatch
+from core.store.connect import never_written
 from core.store.database import Database
 from core.store.outage import is_store_outage
 from core.tables import metadata
@@ -180,11 +181,15 @@ def check_schema(engine: Engine) -> None:
     before its first statement, a sweeper before its first claim. Only a database
     without a revision has its tables listed: one with taskward's tables is refused as
     `upgrade` refuses it, where `schema_behind` sent the operator to a `migrate` that
-    would refuse it too."""
-    with engine.connect() as connection:
-        revision = current_revision(connection)
-        if revision is None:
-            _refuse_foreign_tables(connection)
+    would refuse it too. An empty SQLite file is at no revision and is not opened:
+    opening it writes it (`core.store.connect.never_written`), and a command refused
+    changes nothing."""
+    revision: str | None = None
+    if not never_written(engine):
+        with engine.connect() as connection:
+            revision = current_revision(connection)
+            if revision is None:
+                _refuse_foreign_tables(connection)
     _refuse_unknown(revision)
     if revision != head_revision():
         raise SchemaMismatch(

@@ -89,16 +89,19 @@ def _owner_only(database: Path, *, create: bool) -> None:
     stays read-only, 0400. An existing directory is the operator's and is left as it
     is, unless this call created it. Only a store is narrowed: whatever
     else the URL names (`/dev/null`, a model file, a directory) is refused untouched,
-    where a chmod before SQLite's own check had made it 0600, as root too.
+    where a chmod before SQLite's own check had made it 0600, as root too. Without
+    `create`, an empty file is left as it is too: it holds nothing yet, the schema
+    check refuses it unopened (`never_written`), and `migrate` narrows it before
+    writing.
     """
     try:
         made = create and _created_with_directory(database)
         if not made:
             _refuse_unless_a_store(database)
+        if not create and _never_written(database):
+            return
     except OSError as exc:
-        if not create and exc.errno == errno.ENOENT:
-            raise SettingsError(_not_there(database)) from None
-        raise SettingsError(_cannot_use(database, exc)) from None
+        raise SettingsError(_cannot_use(database, exc, create=create)) from None
     for path in (database, *(database.with_name(database.name + s) for s in ("-wal", "-shm"))):
         try:
             mode = path.stat().st_mode
@@ -120,9 +123,12 @@ def _created_with_directory(database: Path) -> bool:
 
 
 def _created(database: Path) -> bool:
-    """Whether this call made `database` (empty and 0600); False when it was there."""
+    """Whether this call made `database` (empty and 0600); False when it was there.
+    A symbolic link to no file is followed, as SQLite follows it: the store is made
+    where it points (`O_EXCL` alone refuses any link as there already)."""
     try:
-        os.close(os.open(database, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.close(os.open(os.path.realpath(database),
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
         return False
     return True
@@ -149,9 +155,13 @@ _NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"
               (stat.S_ISSOCK, "a socket"))
 
 
-def _cannot_use(database: Path, exc: OSError) -> str:
+def _cannot_use(database: Path, exc: OSError, *, create: bool) -> str:
     """The line for an `OSError` met making the store's directory or file, or reading
     the file that is there: what failed, and what the operator can do about it."""
+    if (behind_link := _dangling_link(database)) is not None:
+        return behind_link
+    if not create and exc.errno == errno.ENOENT:
+        return _not_there(database)
     there = os.path.lexists(database)
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         todo = ("make it and its directory writable by this user" if there
@@ -160,6 +170,47 @@ def _cannot_use(database: Path, exc: OSError) -> str:
         todo = "set TASKWARD_DATABASE_URL to a path this user can use"
     return (f"cannot {'open' if there else 'create'} the store {database.absolute()}: "
             f"{exc.strerror}; {todo}")
+
+
+def _dangling_link(database: Path) -> str | None:
+    """The line for a store behind a symbolic link whose target is missing where
+    nothing is made: the link is the store itself and its target's directory is
+    missing, or the link is one of the store's directories. None otherwise. Such a
+    link was told as "No such file or directory", which named neither the link nor
+    its target; taskward makes no directory there, where a volume may not be mounted."""
+    for path in (database, *database.parents):  # os.path's tests: an error is False
+        if os.path.islink(path) and not os.path.exists(path):
+            target = Path(os.path.realpath(path))
+            missing = target.parent if path == database else target
+            if os.path.isdir(missing):
+                return None  # only the store's file is missing: `migrate` makes it there
+            what = "the store" if path == database else "the store's directory"
+            return (f"{what} {path.absolute()} is a symbolic link to {target}, "
+                    f"which does not exist: create the directory {missing} (or mount its "
+                    "volume) or point the link at an existing directory, then run "
+                    "`taskward migrate`; nothing was created")
+    return None
+
+
+def _never_written(database: Path) -> bool:
+    """Whether `database` is an empty file with no write-ahead log beside it: a store
+    nothing has migrated yet. Opening it would change it (WAL is set on every
+    connection, which writes the file's header)."""
+    return (database.stat().st_size == 0
+            and not database.with_name(database.name + "-wal").exists())
+
+
+def never_written(engine: Engine) -> bool:
+    """Whether `engine` is SQLite's over a store file that is there and empty. The
+    schema check reads such a store as one at no revision without connecting: a
+    command refused for it (behind head) had made it a 4 KiB WAL database, 0600."""
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database:
+        return False
+    try:
+        return _never_written(Path(database))
+    except OSError:  # not there: the connection names what is wrong
+        return False
 
 
 def _not_there(database: Path) -> str:
