@@ -123,9 +123,11 @@ def clients() -> None:
 @clients.command("list")
 @JSON_OPTION
 def clients_list(as_json: bool) -> None:
+    """Every client with its limits (`-`: the setting's default applies)."""
     with store() as (_, db):
         rows = [client_object(row) for row in list_clients(db)]
-    emit(rows, as_json=as_json, columns=("id", "name", "scopes", "created_at", "revoked_at"))
+    emit(rows, as_json=as_json,
+         columns=("id", "name", "scopes", "created_at", "revoked_at", *LIMIT_NAMES))
 
 
 @clients.command("set")
