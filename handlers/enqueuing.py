@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from functools import partial
 
 from core.idempotency import IdempotencyClaim
 from core.store.births import NewTask
@@ -47,7 +48,7 @@ from core.store.database import Database
 from core.store.new_tasks import Enqueued, births_alone, enqueue, enqueue_many, enqueue_many_async
 from core.store.pg_async import AutocommitConnections
 from handlers.arrivals import Arrivals
-from handlers.threads import StoreTimeout, group_writing, wait_seconds
+from handlers.threads import StoreTimeout, group_writing, through_a_drop, wait_seconds
 
 MAX_BATCH = 128
 PARALLEL_BATCHES = 4
@@ -210,7 +211,8 @@ class Enqueuer:
         done: list[Enqueued | None] | None = None,
     ) -> list[Enqueued | Exception]:
         """The batch (unless `done` holds its answers already), then each request it
-        left alone."""
+        left alone, made once more if the store dropped its connection before its
+        COMMIT (`through_a_drop`)."""
         if done is None and len(requests) <= 1:
             done = [None] * len(requests)
         elif done is None:
@@ -219,8 +221,8 @@ class Enqueuer:
         for (new, claim), answer in zip(requests, done):
             if answer is None:
                 try:
-                    answer = enqueue(self._db, new, idempotency=claim,
-                                     idempotency_ttl_ms=self._ttl_ms)
+                    answer = through_a_drop(partial(enqueue, self._db, new, idempotency=claim,
+                                                    idempotency_ttl_ms=self._ttl_ms))
                 except Exception as exc:  # answered to its own request
                     outcomes.append(exc)
                     continue

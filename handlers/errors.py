@@ -30,7 +30,7 @@ from core.bodies import field_path
 from core.errors import DomainError, TooManyRequests, Unauthorized, unstorable_value
 from core.failure_streak import FailureTally
 from core.objects import task_object
-from core.store.outage import outage_cause
+from core.store.outage import drop_cause, is_connection_dropped, outage_cause
 from handlers.limits import limit_header, reset_header
 from handlers.slow_clients import BodyTimeout, ClientDisconnected
 from handlers.threads import store_unavailable
@@ -102,17 +102,21 @@ def problem_of(exc: Exception) -> ProblemDetailsException:
     if isinstance(exc, DataError):
         return _domain_problem(unstorable_value())
     if store_unavailable(exc):
-        _outage_answered(exc.orig if isinstance(exc, DBAPIError) and exc.orig else exc)
+        _outage_answered(exc)
         return problem(503, "store_unavailable", "the store is unavailable; try again",
                        headers={"Retry-After": "1"})
     log.exception("unhandled %s", type(exc).__name__)
     return problem(500, "internal_error", "the server failed to answer this request")
 
 
-def _outage_answered(cause: BaseException) -> None:
-    """Count a `503 store_unavailable` answered for `cause` in its tally; its lines name
-    the class and what `outage_cause` may say of it."""
-    said = outage_cause(cause).replace("%", "%%")
+def _outage_answered(exc: Exception) -> None:
+    """Count a `503 store_unavailable` answered for `exc` in its tally; its lines name
+    the driver's error class and what `outage_cause` may say of it, or for a connection
+    the store dropped, `drop_cause`: psycopg's "the connection is lost" has no SQLSTATE
+    of its own, the one the server ended the session with is on the error before it."""
+    cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig else exc
+    said = drop_cause(exc) if is_connection_dropped(exc) else outage_cause(cause)
+    said = said.replace("%", "%%")
     said = f"; {said}" if said else ""
     tally = _OUTAGE_ANSWERS.get((type(cause).__name__, said))
     if tally is None:

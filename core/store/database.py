@@ -87,6 +87,7 @@ class Database:
             try:
                 with conn.begin():
                     yield conn
+                    commit_begun()  # before the COMMIT, which may land unacknowledged
             finally:
                 # A connection the failure invalidated (its server ended the session)
                 # has a new, empty `info`: the store's error goes on, not a KeyError.
@@ -240,6 +241,31 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+class _Commits(threading.local):
+    """This thread's count of writes sent to be committed (`commits_begun`)."""
+
+    begun = 0
+
+
+_COMMITS = _Commits()
+
+
+def commits_begun() -> int:
+    """How many writes this thread has sent to be committed so far: `Database.write`'s
+    COMMITs and the statements that commit by themselves
+    (`core.store.driver.autocommit_cursor`), each counted before it is sent. A call
+    that failed while the count stayed as it was committed nothing: a session that
+    ends before its COMMIT is rolled back by the server, so the call may be made again
+    (`core.store.redo_dropped.redone_if_dropped_before_commit`). One that sent a
+    COMMIT may have landed with only the acknowledgement lost."""
+    return _COMMITS.begun
+
+
+def commit_begun() -> None:
+    """Count a write about to be sent to be committed on this thread (`commits_begun`)."""
+    _COMMITS.begun += 1
 
 
 def logged(conn: Connection, rows: Iterable[dict[str, Any]]) -> None:

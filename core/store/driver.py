@@ -30,6 +30,8 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from core.store.database import commit_begun
+
 
 def driver_text(
     statement: ClauseElement, dialect: Dialect, variables: Mapping[str, Any]
@@ -93,7 +95,10 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
     before it returns (a read is its own snapshot); the connection goes back to the
     pool as it came.
     A connection found broken is dropped from the pool, as SQLAlchemy drops it; one
-    that cannot be made (the server is down) raises as SQLAlchemy's would."""
+    that cannot be made (the server is down) raises as SQLAlchemy's would. Counted as a
+    commit begun (`core.store.database.commits_begun`): a statement that fails may have
+    committed all the same."""
+    commit_begun()
     try:  # a bare `try` (free in 3.11), not `_sqlalchemy_errors`: this is every birth's
         pooled = engine.raw_connection()
     except engine.dialect.loaded_dbapi.Error as exc:

@@ -17,6 +17,11 @@ refused (why the fence no longer holds, as the write itself would have said:
 A few tries a short pause apart, far inside a lease: a store that stays away raises
 its last drop, and the attempt is abandoned as before. SQLite has no session to lose
 (`is_connection_lost`): its writes go through here untouched.
+
+An API request's store call (`redone_if_dropped_before_commit`) has no landing to
+read: it is made once more, at once, only when the drop came before it sent any
+COMMIT (`core.store.database.commits_begun`), as the server then rolled back all it
+had done; a drop at a COMMIT is its caller's to answer.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from typing import Protocol, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from core.store.database import Database
-from core.store.outage import is_connection_lost
+from core.store.database import Database, commits_begun
+from core.store.outage import is_connection_dropped, is_connection_lost
 
 # The pauses before each try after a drop: ~1.2 s in all, far inside any lease, and
 # long enough for a pooler's restart or one more `pg_terminate_backend` to pass.
@@ -95,19 +100,43 @@ def read_after_drop(db: Database, read: Callable[[Connection], T]) -> T:
     return _tried_apart(TRY_PAUSES_SECONDS, read_fresh)
 
 
-def _tried_apart(pauses: Sequence[float], attempt: Callable[[int], T]) -> T:
+def redone_if_dropped_before_commit(
+    call: Callable[[], T], heard: Callable[[DBAPIError], None]
+) -> T:
+    """`call()`, made once more at once when the store dropped its connection under it
+    (`is_connection_dropped`: an administrator's `pg_terminate_backend`, a pooler's
+    restart) before it sent any COMMIT (`commits_begun`): the server rolled back what
+    it had done, and a fresh connection will most likely work. `heard(drop)` is told
+    before the second call. A drop at or after a COMMIT is raised as it is: that commit
+    may have landed with only its acknowledgement lost, and nothing here can read
+    whether it did. So are a second drop and any other error."""
+    begun = commits_begun()
+
+    def redone(exc: DBAPIError) -> bool:
+        if not is_connection_dropped(exc) or commits_begun() != begun:
+            return False
+        heard(exc)
+        return True
+
+    return _tried_apart((0.0, 0.0), lambda _tried: call(), redone)
+
+
+def _tried_apart(
+    pauses: Sequence[float], attempt: Callable[[int], T],
+    redone: Callable[[DBAPIError], bool] = is_connection_lost,
+) -> T:
     """`attempt(tried)`, the tries counted from 0, after each of `pauses` in turn (a zero
-    one: at once) until one is not dropped. The one rule of every store call redone
-    through a drop: a fresh connection may well work after a pause, so a drop is tried
-    again until the last try, which raises it; any other error is no drop's and is
-    raised at once."""
+    one: at once) until one is not dropped (`redone`: a lost connection, unless the
+    caller's drops are fewer). The one rule of every store call redone through a drop:
+    a fresh connection may well work after a pause, so a drop is tried again until the
+    last try, which raises it; any other error is no drop's and is raised at once."""
     for tried, pause in enumerate(pauses):
         if pause:  # a zero sleep still yields the GIL
             time.sleep(pause)
         try:
             return attempt(tried)
         except DBAPIError as exc:
-            if tried == len(pauses) - 1 or not is_connection_lost(exc):
+            if tried == len(pauses) - 1 or not redone(exc):
                 raise
     raise AssertionError("unreachable: the last try returns or raises")
 
