@@ -157,7 +157,9 @@ def update_schedule(
     db: Database, schedule_id: str, client_id: str | None, body: Mapping[str, Any]
 ) -> Row[Any]:
     """Change `cron` and/or `catch_up`. A new expression starts afresh from now:
-    the checkpoint moves to now, so no slot of the past is replayed under either one."""
+    the checkpoint moves to now, so no slot of the past is replayed under either one.
+    Values the schedule already holds are no change; with no change at all the
+    schedule comes back as it was (`core.store.schedules.change_schedule`)."""
     try:
         changes = _ScheduleChanges.model_validate(dict(body))
     except ValidationError as exc:

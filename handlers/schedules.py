@@ -76,7 +76,8 @@ async def schedule_show(
 async def schedule_change(
     request: ClientRequest, schedule_id: ScheduleId, data: ChangesBody, services: Services
 ) -> dict[str, Any]:
-    """Change `cron` or `catch_up`; a new cron fires no slot from before the change."""
+    """Change `cron` or `catch_up`; a new cron fires no slot from before the change. A
+    body that changes nothing answers the schedule as it was (`updated_at` stays)."""
     return schedule_object(await blocking(
         update_schedule, services.db, schedule_id, request.user.owner_filter, data))
 

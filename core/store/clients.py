@@ -38,7 +38,7 @@ from core.clients import (
 )
 from core.errors import NotFound, Unauthorized
 from core.ids import hash_secret, new_secret, new_token, random_id, same_secret, sortable_id
-from core.quotas import LIMIT_NAMES, Limits
+from core.quotas import LIMIT_NAMES, Limits, limit_changes
 from core.settings import Settings
 from core.store.database import Database
 from core.store.pages import newest_first
@@ -236,17 +236,19 @@ def set_limits(
 ) -> Row[Any]:
     """Change some of a client's limits (None: back to the default); the client's row.
     `by` is the calling client (None: an operator), held to `require_may_manage`: a
-    `clients:admin` client must not be able to throttle the admin out of its service."""
-    unknown = set(changes) - set(LIMIT_NAMES)
-    if unknown:
-        raise ValueError(f"not a limit: {sorted(unknown)[0]}")
+    `clients:admin` client must not be able to throttle the admin out of its service.
+    Limits set to what they already are change nothing: the row is not written and
+    not stamped, so no process's token cache is refreshed for a change that is none."""
+    columns = limit_changes(changes)
     with db.write() as conn:
-        row = conn.execute(select(clients.c.scopes).where(clients.c.id == client_id)).first()
+        row = conn.execute(select(clients).where(clients.c.id == client_id)).first()
         if row is None:
             raise NotFound("client_not_found", "no such client")
         require_may_manage(by, scope_set(row.scopes))
+        if all(getattr(row, name) == value for name, value in columns.items()):
+            return row
         conn.execute(update(clients).where(clients.c.id == client_id)
-                     .values(**changes, limits_changed_at=_limits_stamp(db, conn)))
+                     .values(**columns, limits_changed_at=_limits_stamp(db, conn)))
         return conn.execute(select(clients).where(clients.c.id == client_id)).one()
 
 

@@ -66,16 +66,22 @@ def change_schedule(
     catch_up: int | None,
 ) -> Row[Any]:
     """Change the expression and/or catch-up. A new expression starts afresh from now:
-    the checkpoint moves to now, so no slot of the past is replayed under either one."""
+    the checkpoint moves to now, so no slot of the past is replayed under either one.
+    A change to what the schedule already holds (None, the same catch-up, the same
+    normalised expression) is no change: with none at all the row is not written and
+    `updated_at` stays, so a client that re-sends its settings learns nothing moved."""
     with db.write() as conn:
         current = _schedule_in(conn, schedule_id, client_id)
         now = db.clock.now_ms()
-        values: dict[str, Any] = {"updated_at": now}
-        if catch_up is not None:
+        values: dict[str, Any] = {}
+        if catch_up is not None and catch_up != current.catch_up:
             values["catch_up"] = catch_up
         if spec is not None and spec.expr != current.cron:
             values.update(cron=spec.expr, checkpoint=now, next_slot_at=next_slot(spec, now))
-        conn.execute(update(schedules).where(schedules.c.id == schedule_id).values(**values))
+        if not values:
+            return current
+        conn.execute(update(schedules).where(schedules.c.id == schedule_id)
+                     .values(**values, updated_at=now))
         return _schedule_in(conn, schedule_id, client_id)
 
 
