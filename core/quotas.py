@@ -27,6 +27,12 @@ class Limits:
     requests_per_second: float | None = None
     max_streams: int | None = None
 
+    def __post_init__(self) -> None:
+        # Here, not in each layer that reads a rate (API body, CLI option): every
+        # limit stored or compared was built as `Limits`, so none keeps a `-0.0`.
+        if self.requests_per_second is not None:
+            object.__setattr__(self, "requests_per_second", _plain_rate(self.requests_per_second))
+
     def columns(self) -> dict[str, Any]:
         """The client row's columns for these limits."""
         return asdict(self)
@@ -45,7 +51,7 @@ def _or(own: Any, default: Any) -> Any:
     return default if own is None else own
 
 
-def plain_rate(rate: float) -> float:
+def _plain_rate(rate: float) -> float:
     """`rate` as it is stored and shown: `-0.0`, which every bound admits as 0, becomes
     0.0 (it was stored and listed as `-0.0`)."""
     return rate + 0.0
@@ -54,6 +60,17 @@ def plain_rate(rate: float) -> float:
 LIMIT_NAMES = tuple(Limits.__dataclass_fields__)
 # The limits where 0 means unlimited (`max_streams` is at least 1).
 _ZERO_IS_UNLIMITED = frozenset({"max_active_tasks", "requests_per_second"})
+
+
+def limit_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """`changes` (name -> value, None: back to the setting's default) as the client's
+    columns take them: only the names given, each value as `Limits` holds it. A name
+    that is no limit is a `ValueError`, the caller's mistake."""
+    unknown = set(changes) - set(LIMIT_NAMES)
+    if unknown:
+        raise ValueError(f"not a limit: {sorted(unknown)[0]}")
+    columns = Limits(**changes).columns()
+    return {name: columns[name] for name in changes}
 
 
 def first_looser(

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from litestar import delete, get, patch, post
 from litestar.params import JSONBody, Parameter
-from pydantic import Field, StringConstraints, field_validator
+from pydantic import Field, StringConstraints
 
 from core.bodies import NO_CONTROL, StrictBody
 from core.clients import (
@@ -20,7 +20,7 @@ from core.clients import (
     require_within_own_limits,
 )
 from core.errors import Forbidden
-from core.quotas import Limits, plain_rate
+from core.quotas import Limits
 from core.settings import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PER_SECOND_BOUND
 from core.store.clients import (
     clients_page,
@@ -56,11 +56,6 @@ class LimitsBody(StrictBody):
                                               description="per API process; 0 = unlimited")
     max_streams: int | None = Field(default=None, ge=1, le=MAX_STREAMS_BOUND,
                                     description="SSE streams and waits at once, per process")
-
-    @field_validator("requests_per_second")
-    @classmethod
-    def _plain_rate(cls, rate: float | None) -> float | None:
-        return None if rate is None else plain_rate(rate)
 
     def limits(self) -> Limits:
         return Limits(self.max_active_tasks, self.requests_per_second, self.max_streams)
@@ -147,7 +142,8 @@ async def change_client_limits(
     default). Honoured by this process at once, by every other within
     `poll_interval_ms`. Only an `admin` may limit an `admin` client, or itself; without
     `admin`, no limit sent may be looser than the caller's own (one not sent is left
-    as it is, even if looser)."""
+    as it is, even if looser). Limits sent as they already are change nothing: the
+    client comes back as it is, and no other process re-reads its tokens."""
     require_may_limit(request.user, client_id)
     changes = data.model_dump(exclude_unset=True)
     require_within_own_limits(request.user, changes, services.settings)

@@ -19,7 +19,7 @@ from core.clients import (
     pairing_code_object,
     parse_scopes,
 )
-from core.quotas import LIMIT_NAMES, Limits, plain_rate
+from core.quotas import LIMIT_NAMES, Limits
 from core.settings import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PER_SECOND_BOUND
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke, set_limits
 from core.store.pairing_codes import outstanding_codes, revoke_pairing_code
@@ -35,7 +35,7 @@ class _Rate(click.FloatRange):
         rate = super().convert(value, param, ctx)
         if math.isnan(rate):
             self.fail("is not a number", param, ctx)
-        return plain_rate(rate)
+        return rate
 
 
 def _client_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
