@@ -11,6 +11,8 @@ import re
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from core.error_chain import error_chain
+
 # PostgreSQL's read_only_sql_transaction: a server that takes no writes until someone
 # changes that (a standby reached after a failover, `default_transaction_read_only` set
 # by an operator, or by a managed service whose storage is nearly full). psycopg raises
@@ -30,7 +32,6 @@ TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
 # `pg_terminate_backend` too; crash_shutdown; cannot_connect_now).
 _CONNECTION_EXCEPTION = "08"
 _SESSION_ENDED = ("57P01", "57P02", "57P03")
-_CAUSES_LOOKED_AT = 8  # chains are short; a cycle of causes must not loop for ever
 
 # What an outage's SQLSTATE is logged with: PostgreSQL's condition, in fixed words,
 # for the codes an outage has; any other code by its class (its first two characters).
@@ -106,14 +107,11 @@ def drop_cause(exc: BaseException) -> str:
     or the one it was raised while handling (psycopg's "the connection is lost", raised
     by the rollback after the server's `57P01`, has none of its own); else that none
     came, as when the server's last words were not read before its socket closed."""
-    seen: BaseException | None = exc.orig if isinstance(exc, DBAPIError) else exc
-    for _ in range(_CAUSES_LOOKED_AT):
-        if seen is None:
-            break
-        if getattr(seen, "sqlstate", None):
-            return outage_cause(seen)
-        seen = seen.__context__
-    return "no SQLSTATE, the server or the network closed it"
+    driver_error = exc.orig if isinstance(exc, DBAPIError) else exc
+    coded = next((seen for seen in error_chain(driver_error)
+                  if getattr(seen, "sqlstate", None)), None)
+    return outage_cause(coded) if coded is not None else (
+        "no SQLSTATE, the server or the network closed it")
 
 
 def drop_said(who: str, again: str, exc: BaseException) -> str:
@@ -133,13 +131,11 @@ def is_privilege_refused(exc: BaseException) -> bool:
 
 def outage_behind(exc: BaseException) -> BaseException | None:
     """`exc` when it is an outage, or the error it was raised from (`__cause__`, as a
-    group write's failure carries its write's error) when that is; else None."""
-    seen: BaseException | None = exc
-    for _ in range(_CAUSES_LOOKED_AT):
-        if seen is None or is_store_outage(seen):
-            return seen
-        seen = seen.__cause__
-    return None
+    group write's failure carries its write's error) when that is; else None. Not an
+    error it was raised while handling: a bug met while handling an outage keeps its
+    traceback."""
+    return next((seen for seen in error_chain(exc, handled=False) if is_store_outage(seen)),
+                None)
 
 
 def outage_cause(cause: BaseException) -> str:
