@@ -12,6 +12,11 @@ An attempt also fences itself: once its lease has run out while renewals fail or
 because its writes would be refused anyway and its engine is burning someone's CPU or
 GPU. The deadline is counted from a time no later than the lease's real start, so it
 never comes after the lease the store holds.
+
+The execution timeout counts the attempt's execution: time its engine reports it waits
+for room (the local engine's KV cells, until other attempts leave) moves the deadline
+on by as much, or a task queued behind long ones would spend its attempts, one
+timeout each, without a token. The lease is renewed and the flags heeded all the while.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class Attempt:
         self.claim = claim
         self.clock = clock
         self.deadline_ms = clock.now_ms() + timeout_ms
+        self._waiting_since_ms: int | None = None  # the engine's wait for room, if any
         self.lease_ms = lease_ms
         # When the lease was last set (by the claim, then by each renewal), or earlier.
         self.renewed_at_ms = clock.now_ms() if leased_at_ms is None else leased_at_ms
@@ -64,6 +70,9 @@ class Attempt:
         # task was `running` and ours then, so a cancel made since fails its next write.
         self.wrote_at_ms: int | None = None
         self.inbox = Inbox()
+        # The engine's poll between tokens, which also takes the engine's word on its
+        # waits for room (`waiting`).
+        self.should_stop = EnginePoll(self)
         # Raised by other threads, never waited on: a set's `add` and `in` are atomic,
         # and three `threading.Event`s (a lock and a condition each) cost more to make
         # than the rest of a no-op attempt's bookkeeping.
@@ -93,7 +102,7 @@ class Attempt:
         for reason in (StopReason.LOST, StopReason.CANCEL, StopReason.HAND_BACK):
             if reason in self._flags:
                 return reason
-        if now >= self.deadline_ms:
+        if self._waiting_since_ms is None and now >= self.deadline_ms:
             return StopReason.TIMEOUT
         return None
 
@@ -102,14 +111,29 @@ class Attempt:
         return self.renewed_at_ms + self.lease_ms
 
     def ms_until_timed_stop(self, now: int) -> int:
-        """How long until `stop_reason` could change with no flag raised: at the deadline,
-        or at the lease's end (a lapse); past the lease's end with a renewal still under
-        way, whose outcome raises no flag either, every `RENEWAL_TICK_MS`. Never more
-        than `LONGEST_SLEEP_MS`: the times are the wall clock's, which may jump."""
+        """How long until `stop_reason` could change with no flag raised: at the deadline
+        (which stands still while the engine waits for room), or at the lease's end (a
+        lapse); past the lease's end with a renewal still under way, whose outcome
+        raises no flag either, every `RENEWAL_TICK_MS`. Never more than
+        `LONGEST_SLEEP_MS`: the times are the wall clock's, which may jump."""
         until_lease_end = self.lease_ends_ms - now
         if until_lease_end <= 0:
             until_lease_end = RENEWAL_TICK_MS
-        return max(0, min(self.deadline_ms - now, until_lease_end, LONGEST_SLEEP_MS))
+        until_deadline = (self.deadline_ms - now if self._waiting_since_ms is None
+                          else LONGEST_SLEEP_MS)  # the deadline stands still
+        return max(0, min(until_deadline, until_lease_end, LONGEST_SLEEP_MS))
+
+    def waiting(self, waiting: bool) -> None:
+        """The engine says the attempt waits for room (True) or runs (False): the
+        deadline stands still while it waits. Thread-safe: the deadline moves before
+        the wait is cleared, so a reader never sees the old one without the wait."""
+        now = self.clock.now_ms()
+        since = self._waiting_since_ms
+        if waiting and since is None:
+            self._waiting_since_ms = now
+        elif not waiting and since is not None:
+            self.deadline_ms += now - since
+            self._waiting_since_ms = None
 
     def renewing(self, now_ms: int) -> None:
         """The lease keeper starts a renewal, or a store call its next renewal waits
@@ -148,9 +172,25 @@ class Attempt:
         """The runner is done with this attempt (whatever the outcome): the engine stops."""
         self._ended = True
 
-    def should_stop(self) -> bool:
-        """The engine's poll between tokens."""
+    def _engine_polled(self) -> bool:
         if not self._ended and self.stop_reason() is None:
             return False
         self.engine_stopped = True
         return True
+
+
+class EnginePoll:
+    """An attempt's `should_stop` as its engine holds it: called between tokens, and
+    told of waits for room by an engine that keeps them apart
+    (`core.engines.base.ExcludesWaits`)."""
+
+    __slots__ = ("_attempt",)
+
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+
+    def __call__(self) -> bool:
+        return self._attempt._engine_polled()
+
+    def waiting(self, waiting: bool) -> None:
+        self._attempt.waiting(waiting)

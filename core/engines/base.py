@@ -143,6 +143,20 @@ class HoldsBack(Protocol):
     def room(self, wake: Callable[[], None]) -> bool: ...
 
 
+@runtime_checkable
+class ExcludesWaits(Protocol):
+    """A `should_stop` that keeps apart the time its attempt waits for room inside the
+    engine (the local engine's KV cells, until others leave): the engine calls
+    `waiting(True)` as such a wait begins and `waiting(False)` once the attempt runs.
+    The attempt's execution timeout does not count the wait (`scheduler.attempt`); the
+    poll itself goes on, so a cancel, a lost lease or a hand-back stops a waiting
+    attempt as soon as a running one."""
+
+    def __call__(self) -> bool: ...
+
+    def waiting(self, waiting: bool) -> None: ...
+
+
 class LoadedModel(Protocol):
     def generate(
         self,
@@ -170,9 +184,44 @@ class Engine(Protocol):
         ...
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # where cgroup v2 is mounted
+
+
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), not the machine's count."""
-    return len(os.sched_getaffinity(0))
+    """The cores this process may run on (its CPU affinity), not the machine's count,
+    and no more than a cgroup CPU quota grants it (a container's `--cpus`, a systemd
+    unit's `CPUQuota`): threads beyond the quota are throttled together, and a compute
+    step that waits at its barriers for a throttled thread stalls them all."""
+    cores = len(os.sched_getaffinity(0))
+    quota = cgroup_cpu_quota(CGROUP_ROOT, _own_cgroup())
+    return cores if quota is None else min(cores, quota)
+
+
+def _own_cgroup() -> str:
+    """This process's cgroup v2 path ("/" where it has none, or only cgroup v1)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return "/"
+    return next((line[3:] for line in lines if line.startswith("0::")), "/")
+
+
+def cgroup_cpu_quota(root: Path, cgroup: str) -> int | None:
+    """Whole cores the tightest `cpu.max` ("QUOTA PERIOD", or "max PERIOD": none) grants
+    from `cgroup` up to the hierarchy's `root`, at least 1; None without a quota."""
+    tightest: int | None = None
+    directory = root / cgroup.strip("/")
+    while True:
+        try:
+            quota, period = (directory / "cpu.max").read_text().split()
+            cores = max(1, int(quota) // int(period))
+        except (OSError, ValueError):  # no file (the root), "max", or unreadable
+            cores = None
+        if cores is not None and (tightest is None or cores < tightest):
+            tightest = cores
+        if directory == root or root not in directory.parents:
+            return tightest
+        directory = directory.parent
 
 
 @dataclass(frozen=True)
@@ -180,10 +229,12 @@ class EngineOptions:
     """Process-wide engine knobs, taken from Settings by whoever builds engines.
 
     `threads` is what one loaded model's decode loop computes with, however many
-    attempts it serves; `sequences` is how many attempts one loop decodes at once
-    (the worker's slots); `context_tokens` is the KV cache one loop shares among them
-    (at most the model's training context); `host_lock` is a file that every taskward
-    process naming it locks around each compute step (None: no such lock).
+    attempts it serves, and (the loops taking turns) what the process computes with,
+    however many models are in use; `sequences` is how many attempts one loop decodes
+    at once (the worker's slots); `context_tokens` is the KV cache one loop shares
+    among them (at most the model's training context); `host_lock` is a file that
+    every taskward process naming it locks around each compute step (None: no such
+    lock).
     """
 
     threads: int = field(default_factory=usable_cores)

@@ -12,8 +12,10 @@ runs alone is exact across resumes and processes.
 from __future__ import annotations
 
 import functools
+import logging
 import secrets
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
@@ -41,6 +43,8 @@ from core.engines.llama_text import Utf8Pieces
 from core.errors import InvalidInput
 from core.model_files import hashed_file
 
+log = logging.getLogger(__name__)
+
 DEFAULT_MAX_OUTPUT_TOKENS = 256
 _BPE = 2  # llama.h's LLAMA_VOCAB_TYPE_BPE, which the binding does not export
 
@@ -53,26 +57,44 @@ def init_backend() -> None:
 
 
 class LlamaEngine:
-    """Loads GGUF files into a bounded per-process LRU keyed by their sha256."""
+    """Loads GGUF files into a bounded per-process LRU keyed by their sha256.
+
+    One file's weights are never loaded twice: a model pushed out of the cache while
+    attempts still hold it stays loaded for them, its decode loop serving them on, and
+    a lookup finds it there before reading the file again (two copies would each run a
+    loop with the engine's threads and KV cells). So the cache bounds the models kept
+    for later, and the models loaded at once are at most those plus the ones in use.
+    """
 
     name = "llama.cpp"
 
     def __init__(self, options: EngineOptions) -> None:
         self._options = options
-        self._models: OrderedDict[str, LlamaLoadedModel] = OrderedDict()
+        self._cached: OrderedDict[str, LlamaLoadedModel] = OrderedDict()
+        # Every model still held by anyone: the cache, or an attempt that loaded it.
+        self._loaded: weakref.WeakValueDictionary[str, LlamaLoadedModel] = (
+            weakref.WeakValueDictionary())
         self._lock = threading.Lock()
 
     def load(self, model: ModelFile) -> LlamaLoadedModel:
-        # Eviction only drops the cache's reference: a running generation keeps its own.
         with self._lock:
-            loaded = self._models.get(model.sha256)
+            loaded = self._loaded.get(model.sha256)
             if loaded is None:
                 loaded = LlamaLoadedModel(_read_model(model), self._options)
-                self._models[model.sha256] = loaded
-                while len(self._models) > self._options.cache_size:
-                    self._models.popitem(last=False)
-            self._models.move_to_end(model.sha256)
+                self._loaded[model.sha256] = loaded
+            self._cached[model.sha256] = loaded
+            self._cached.move_to_end(model.sha256)
+            self._evict()
             return loaded
+
+    def _evict(self) -> None:
+        """Trim the cache to its size, never dropping the model just asked for: the least
+        recently used model whose loop is idle goes first, since it frees its memory now
+        (one in use frees it when its last attempt ends)."""
+        while len(self._cached) > self._options.cache_size:
+            older = list(self._cached)[:-1]
+            idle = [digest for digest in older if not self._cached[digest].loop.running]
+            del self._cached[(idle or older)[0]]
 
 
 def _read_model(model: ModelFile) -> llama_cpp.LlamaModel:
@@ -112,14 +134,18 @@ def _read_model(model: ModelFile) -> llama_cpp.LlamaModel:
 def _loaded(
     model: ModelFile, pinned_path: str, params: llama_cpp.LlamaModelParams
 ) -> llama_cpp.LlamaModel:
-    """llama.cpp's model of the file at `pinned_path`; its error names the model's path,
-    which the operator knows, rather than the descriptor's."""
+    """llama.cpp's model of the file at `pinned_path`. A failure tells the client which
+    model and a fixed reason; the binding's own message goes to the log, with the
+    model's path (which the operator knows) in place of the descriptor's."""
     try:
         return llama_cpp.LlamaModel(pinned_path, params)
     except Exception as exc:
-        reason = str(exc).replace(pinned_path, str(model.path))
+        # The binding's words name the path and its own debugging knobs: the operator's.
+        log.warning("cannot load model %r from %s: %s", model.model_id, model.path,
+                    str(exc).replace(pinned_path, str(model.path)))
         raise EngineError(
-            "model_load_failed", f"cannot load model {model.model_id!r}: {reason}",
+            "model_load_failed", f"cannot load model {model.model_id!r}: the model file "
+            "could not be loaded (not a valid GGUF file, or not enough memory)",
             retryable=False,
         ) from exc
 
@@ -179,6 +205,9 @@ class LlamaLoadedModel:
                           sequences=max(1, min(options.sequences, MAX_SEQUENCES)),
                           cells=self.context_tokens)
         self.loop = DecodeLoop(llama_model, shape, options.host_lock)
+        # Unloaded (out of the cache, and no attempt holds it): no sequence can come any
+        # more, so the loop's idle thread ends now and frees the context and weights.
+        weakref.finalize(self, self.loop.close)
 
     def generate(
         self,
@@ -193,7 +222,8 @@ class LlamaLoadedModel:
         actually used (drawn at random, and kept, when the request samples and names
         none). Text is never empty except, possibly, on a final chunk that accounts for
         tokens which render as nothing. `should_stop` is polled by the loop before every
-        step, so a stop takes effect within one step.
+        step, so a stop takes effect within one step, and is told while the sequence
+        waits for KV cells if it keeps such waits apart (`ExcludesWaits`).
         """
         prompt = self.prompt_tokens(request.messages)
         tokens, seed = self._resume_point(snapshot, request)

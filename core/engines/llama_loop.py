@@ -8,12 +8,21 @@ the aggregate rate of eight generations each decoding alone (docs/benchmarks.md)
 How a step goes, on the loop's own thread:
 1. sequences that asked to join are admitted while a sequence id and KV cells for
    their whole budget are free (FIFO); sequences whose `should_stop()` is true leave,
-   so a cancel takes effect within one step;
+   waiting or not, so a cancel takes effect within one step. A sequence's wait for
+   admission is told to its `should_stop` when that keeps such waits apart
+   (`core.engines.base.ExcludesWaits`): the attempt's execution timeout skips it;
 2. the batch gets one token per generating sequence, and at most `_PREFILL_TOKENS`
    prompt tokens of joining sequences, so a long prompt is spread over several steps
    instead of stalling the others;
-3. one `llama_decode` under the host lock (`core.engines.host_lock`);
+3. one `llama_decode` in the process's compute turn, and under the host lock
+   (`core.engines.host_lock`) when there is one;
 4. every sequence whose last token was in the batch samples its next one.
+
+Threads. Each loop's context computes with the engine's threads (the usable cores by
+default), so two models decoding at once would run twice that on the same cores, each
+step's threads waiting at their barriers for the other's. The loops of a process take
+turns instead, a step each, as the host lock makes processes do: no more threads
+compute at once than `TASKWARD_ENGINE_THREADS` names, however many models are in use.
 
 Exactness. A resume replays the prompt in the same chunks and then the generated
 tokens one per step, exactly as the first run fed them: decoding those tokens in one
@@ -34,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.engines.base import Chunk, EngineError, Usage
+from core.engines.base import Chunk, EngineError, ExcludesWaits, Usage
 from core.engines.host_lock import HostLock
 from core.engines.llama_native import llama_cpp
 from core.engines.llama_sampling import PENALTY_LAST_N, Sampling
@@ -48,6 +57,7 @@ STEP_TOKENS = 512  # llama_decode's batch; also fixed because batch shapes shape
 _PREFILL_TOKENS = 64  # prompt tokens per step: a joining prompt delays the others by one chunk
 _IDLE_SECONDS = 5.0  # an idle loop frees its context (the KV cells) and its thread
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+_COMPUTE_TURN = threading.Lock()  # held by the one loop of this process decoding now
 
 END = object()  # the last item of a sequence's `out`
 
@@ -96,6 +106,11 @@ class Sequence:
     def stopping(self) -> bool:
         return self.abandoned.is_set() or self.should_stop()
 
+    def waits(self, waiting: bool) -> None:
+        """Tell the attempt that the sequence waits for admission (True) or runs."""
+        if isinstance(self.should_stop, ExcludesWaits):
+            self.should_stop.waiting(waiting)
+
     def chunk(self, text: str) -> Chunk:
         state = {"v": SNAPSHOT_VERSION, "tokens": list(self.tokens), "seed": self.sampling.seed}
         return Chunk(text, state, Usage(len(self.prompt), len(self.tokens)))
@@ -125,10 +140,25 @@ class DecodeLoop:
         self._changed = threading.Condition(self._lock)
         self._waiting: deque[Sequence] = deque()
         self._thread: threading.Thread | None = None
+        self._closed = False
         self.steps = 0  # decode calls so far (tests and benches read it)
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop's thread runs: sequences in it or waiting to join, or idle
+        for less than `_IDLE_SECONDS`."""
+        return self._thread is not None
+
+    def close(self) -> None:
+        """No sequence will come any more (its model is unloaded): an idle thread ends at
+        once instead of after `_IDLE_SECONDS`, freeing the context."""
+        with self._lock:
+            self._closed = True
+            self._changed.notify()
 
     def submit(self, sequence: Sequence) -> None:
         """Queue `sequence` to join at the next step (thread-safe)."""
+        sequence.waits(True)
         with self._lock:
             self._waiting.append(sequence)
             if self._thread is None:
@@ -193,7 +223,8 @@ class DecodeLoop:
         """Admit waiting sequences that fit; None when the loop should end (idle)."""
         with self._lock:
             if idle and not self._waiting:
-                self._changed.wait(_IDLE_SECONDS)
+                if not self._closed:
+                    self._changed.wait(_IDLE_SECONDS)
                 if not self._waiting:
                     self._thread = None
                     return None
@@ -205,6 +236,7 @@ class DecodeLoop:
                 sequence = self._waiting.popleft()
                 sequence.seq_id = free_ids.pop()
                 free_cells -= sequence.cells
+                sequence.waits(False)
                 admitted.append(sequence)
             return admitted
 
@@ -254,7 +286,7 @@ class _Steps:
     def _step(self) -> None:
         rows = self._fill_batch()
         try:
-            with self._host_lock.turn():
+            with _COMPUTE_TURN, self._host_lock.turn():
                 self._ctx.decode(self._batch)
         except Exception as exc:
             error = EngineError("engine_error", f"llama_decode failed ({type(exc).__name__})",
