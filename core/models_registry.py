@@ -2,7 +2,8 @@
 and upstream entries that name inference servers (docs/upstream.md). The rows are kept
 by `core.store.models`.
 
-Registering a file streams it once for its SHA-256. Before a task uses a model the
+Registering a file streams it once for its SHA-256; a file for the llama.cpp engine must
+have a whole GGUF layout (`core.gguf`). Before a task uses a model the
 worker calls `verified_entry` with the entry its claim read (`verified_model_file`
 reads it first), which re-checks size and digest (cached per file identity and change
 time by `core.model_files`), so a changed file fails the task rather than silently
@@ -20,11 +21,18 @@ from sqlalchemy import Row
 
 from core.engines.base import EngineError, ModelFile, ModelSource, UpstreamModel
 from core.engines.registry import is_known_engine
-from core.engines.sampling import sampling_metadata_error
+from core.engines.sampling import SAMPLING_KEYS, sampling_metadata_error
 from core.engines.upstream.hosts import UrlRefused, check_allowed, normalized_base_url
 from core.engines.upstream.key_envs import KeyEnvRefused, check_key_env
 from core.errors import InvalidInput
-from core.model_files import file_digest, resolve_inside
+from core.model_files import (
+    DEFAULT_ENGINE,
+    DEFAULT_MODEL_METADATA,
+    DEFAULT_MODEL_SHA256,
+    check_gguf_layout,
+    file_digest,
+    resolve_inside,
+)
 from core.store.database import Database
 from core.store.models import ModelEntry, insert_model, read_entries
 
@@ -58,7 +66,12 @@ def register(
     The API (an entry without `upstream`) and `taskward models add` both call this, so
     they refuse alike: the `openai` engine without servers is `upstream_required`, no
     `path` is `validation_error`, an id given but not an id (empty, say) is
-    `invalid_model_id`; only an id not given defaults to the file's name.
+    `invalid_model_id`; only an id not given defaults to the file's name. A file for
+    the llama.cpp engine (the default, `DEFAULT_ENGINE`) that is not a whole GGUF file
+    is `model_file_invalid`; another engine's files are that engine's business.
+
+    The bundled default model's file (known by its digest) registered without sampling
+    keys gets the values its authors recommend (`_entry_metadata`).
     """
     if engine == UPSTREAM_ENGINE:
         raise InvalidInput("upstream_required",
@@ -74,12 +87,26 @@ def register(
     if not is_known_engine(engine):
         raise InvalidInput("unknown_engine", "no engine of that name is installed",
                            extra={"field": "engine"})
-    digest = file_digest(real)
+    digest = file_digest(real)  # first: a file still being copied in is model_file_changed
+    if engine == DEFAULT_ENGINE:
+        check_gguf_layout(real, path)
     stored_path = str(real.relative_to(models_dir.resolve()))
     return insert_model(db, {
         "id": model_id, "engine": engine, "path": stored_path,
         "size_bytes": digest.size, "sha256": digest.sha256,
-        "metadata_json": json.dumps(metadata or {}, separators=(",", ":"))})
+        "metadata_json": json.dumps(_entry_metadata(metadata or {}, digest.sha256),
+                                    separators=(",", ":"))})
+
+
+def _entry_metadata(metadata: dict[str, str], sha256: str) -> dict[str, str]:
+    """The metadata an entry is stored with: as given, but the bundled default model's
+    file given no sampling key gets `DEFAULT_MODEL_METADATA` beside what was given,
+    whoever registers it (`taskward run`, `taskward models add`, `POST /v1/models`):
+    without them "Say hello." loops to the token limit. A sampling key given is the
+    registrant's own choice, and then none of the defaults is added."""
+    if sha256 != DEFAULT_MODEL_SHA256 or any(key in metadata for key in SAMPLING_KEYS):
+        return metadata
+    return {**DEFAULT_MODEL_METADATA, **metadata}
 
 
 def _checked_id(model_id: str) -> str:

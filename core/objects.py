@@ -125,6 +125,10 @@ def response_object(
         "max_output_tokens": request.get("max_output_tokens"),
         "temperature": request.get("temperature"),
         "top_p": request.get("top_p"),
+        # Not OpenAI's: the seed every attempt samples with, drawn at creation when the
+        # request named none; sent back with the same request, it gives the same text
+        # (when the task runs alone: docs/operations.md, "Sampling").
+        "seed": request.get("seed"),
         "output": [_final_message(task.id, text, current)] if show_output else [],
         "parallel_tool_calls": False,
         "service_tier": request.get("service_tier"),  # `priority`'s alias, echoed as sent

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import subprocess
 import threading
 from pathlib import Path
@@ -113,6 +114,7 @@ def test_models_add_refuses_a_file_that_grows_while_it_is_hashed(
     refused (every task would fail its digest check), and registers once complete."""
     path = settings.models_dir / "grow.gguf"
     with path.open("wb") as file:
+        file.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))  # a whole GGUF header, no tensors
         file.truncate(96 << 20)  # enough for ~100 ms of hashing
     done = threading.Event()
 
