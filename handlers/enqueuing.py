@@ -45,7 +45,14 @@ from functools import partial
 from core.idempotency import IdempotencyClaim
 from core.store.births import NewTask
 from core.store.database import Database
-from core.store.new_tasks import Enqueued, births_alone, enqueue, enqueue_many, enqueue_many_async
+from core.store.new_tasks import (
+    BirthsInDoubt,
+    Enqueued,
+    births_alone,
+    enqueue,
+    enqueue_many,
+    enqueue_many_async,
+)
 from core.store.pg_async import AutocommitConnections
 from handlers.arrivals import Arrivals
 from handlers.threads import StoreTimeout, group_writing, through_a_drop, wait_seconds
@@ -196,15 +203,34 @@ class Enqueuer:
 
     async def _commit_on_loop(self, batch: list[_Pending]) -> list[_Outcome]:
         """A batch whose one statement commits by itself, run on the event loop; what
-        it left alone (a dedupe hit, a failure) then on the writer thread."""
+        it left alone (a dedupe hit, a failure) then on the writer thread, and so is
+        a batch whose statement lost its connection (`_settled`)."""
         assert self._connections is not None
         requests = [(new, claim) for new, claim, _ in batch]
-        done = await enqueue_many_async(self._db, self._connections, requests,
-                                        idempotency_ttl_ms=self._ttl_ms)
-        outcomes: list[Enqueued | Exception] = (
-            await group_writing(self._db, self._commit, requests, done)
-            if None in done else done)  # type: ignore[assignment]  # no None in it
+        try:
+            done = await enqueue_many_async(self._db, self._connections, requests,
+                                            idempotency_ttl_ms=self._ttl_ms)
+        except BirthsInDoubt as doubt:
+            outcomes = await group_writing(self._db, self._settled, requests, doubt)
+        else:
+            outcomes = (await group_writing(self._db, self._commit, requests, done)
+                        if None in done else done)  # type: ignore[assignment]  # no None
         return [(answer, outcome) for (_, _, answer), outcome in zip(batch, outcomes)]
+
+    def _settled(
+        self, requests: list[tuple[NewTask, IdempotencyClaim | None]], doubt: BirthsInDoubt
+    ) -> list[Enqueued | Exception]:
+        """On the writer thread, as its pauses between the store's tries must not
+        hold the event loop: the batch's births read back after the lost connection,
+        those that landed answered as made and the others made again
+        (`BirthsInDoubt.settle`), then each request it left alone as `_commit` does. A
+        store still away is every request's answer (`503`): none is made afresh while
+        it may have landed."""
+        try:
+            done = doubt.settle()
+        except Exception as exc:  # answered to each request of the batch
+            return [exc] * len(requests)
+        return self._commit(requests, done)
 
     def _commit(
         self, requests: list[tuple[NewTask, IdempotencyClaim | None]],

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from sqlalchemy import Connection, Row, delete, select
@@ -28,13 +29,14 @@ from core.store.births import (
     as_born,
     insert_rows_alone,
     insert_rows_alone_async,
-    insert_task,
     insert_tasks,
     task_rows,
 )
 from core.store.database import Database
 from core.store.idempotency_records import key_record, record_keys, stored_answer
+from core.store.outage import is_connection_lost
 from core.store.pg_async import AutocommitConnections
+from core.store.redo_dropped import NOT_LANDED, Landing, write_through_drops
 from core.store.tasks import current_response, response_in, task_in
 from core.tables import IS_ACTIVE, responses, task_events, tasks
 
@@ -53,6 +55,40 @@ class Enqueued:
     replayed: bool = False
     dedupe_hit: bool = False
     born: SimpleNamespace | None = None
+
+
+@dataclass(frozen=True)
+class _Births:
+    """A batch `births_alone` admits, ready to be written: its time, its task rows (their
+    ids made), the answer of each request once its task is born, and the idempotency
+    records those answers go in."""
+
+    now: int
+    rows: list[dict[str, Any]]
+    ready: list[Enqueued]
+    records: list[dict[str, Any]]
+
+    def of(self, ready: Sequence[Enqueued]) -> _Births:
+        """The part of the batch whose answers are `ready`, with the same ids."""
+        ids = {answer.task_id for answer in ready}
+        return _Births(self.now, [row for row in self.rows if row["id"] in ids], list(ready),
+                       [record for record in self.records if record["task_id"] in ids])
+
+
+class BirthsInDoubt(Exception):
+    """`enqueue_many_async`'s statement lost its connection once sent: it may have
+    committed with only its reply lost, so no request of the batch may be made afresh
+    before `settle()` (blocking: a thread's call, not the event loop's) tells which
+    landed."""
+
+    def __init__(self, db: Database, births: _Births) -> None:
+        super().__init__("the connection of a batch's births was lost")
+        self._db = db
+        self._births = births
+
+    def settle(self) -> list[Enqueued | None]:
+        """The batch's answers as `enqueue_many` gives them (`_born_after_drop`)."""
+        return _born_after_drop(self._db, self._births)
 
 
 class _KeyTaken(Exception):
@@ -93,8 +129,7 @@ def enqueue(
     """
     try:
         if births_alone(db, [(new, idempotency)]):
-            now, rows, ready, records = _alone(db, [(new, idempotency)], idempotency_ttl_ms)
-            [answer] = _answered(ready, insert_rows_alone(db, rows, now, records))
+            [answer] = _born(db, _alone(db, [(new, idempotency)], idempotency_ttl_ms))
             if answer is None:  # `births_alone` takes a key only without a dedupe key
                 raise _KeyTaken if idempotency is not None else _DedupeHit
             return answer
@@ -147,14 +182,18 @@ def enqueue_many(
     None, with nothing of it stored; so does every
     request of a batch that fails as a whole (an unknown model, a deadlock victim on
     PostgreSQL). The caller then runs `enqueue` for each None after the commit, so
-    replays, dedupe hits and refusals keep their one code path.
+    replays, dedupe hits and refusals keep their one code path. A batch of births
+    alone whose connection was lost may have committed: what landed is read back
+    (`_born_after_drop`), and a store still away raises its drop.
     """
     if births_alone(db, batch):
+        births = _alone(db, batch, idempotency_ttl_ms)
         try:
-            now, rows, ready, records = _alone(db, batch, idempotency_ttl_ms)
-            return _answered(ready, insert_rows_alone(db, rows, now, records))
-        except Exception:  # nothing of it was stored: each request is tried alone
-            return [None] * len(batch)
+            return _born(db, births)
+        except Exception as exc:
+            if not is_connection_lost(exc):  # nothing of it was stored: each request alone
+                return [None] * len(batch)
+        return _born_after_drop(db, births)
     try:
         with db.write() as conn:
             now = db.clock.now_ms()
@@ -177,13 +216,16 @@ async def enqueue_many_async(
     """`enqueue_many` for a batch `births_alone` admits, on the event loop
     (`core.store.pg_async`): its one statement commits by itself. A request left None
     (a dedupe key or idempotency key held; every request of a batch that failed) is
-    the caller's to `enqueue`, as with `enqueue_many`."""
+    the caller's to `enqueue`, as with `enqueue_many`. A lost connection raises
+    `BirthsInDoubt`: the statement may have committed."""
+    births = _alone(db, batch, idempotency_ttl_ms)
     try:
-        now, rows, ready, records = _alone(db, batch, idempotency_ttl_ms)
-        return _answered(ready, await insert_rows_alone_async(db, connections, rows, now,
-                                                                 records))
-    except Exception:  # nothing of it was stored: each request is tried alone
-        return [None] * len(batch)
+        return _answered(births.ready, await insert_rows_alone_async(
+            db, connections, births.rows, births.now, births.records))
+    except Exception as exc:
+        if is_connection_lost(exc):
+            raise BirthsInDoubt(db, births) from exc
+        return [None] * len(batch)  # nothing of it was stored: each request is tried alone
 
 
 def births_alone(db: Database, batch: Sequence[tuple[NewTask, IdempotencyClaim | None]]) -> bool:
@@ -199,16 +241,59 @@ def births_alone(db: Database, batch: Sequence[tuple[NewTask, IdempotencyClaim |
 
 def _alone(
     db: Database, batch: Sequence[tuple[NewTask, IdempotencyClaim | None]], ttl_ms: int
-) -> tuple[int, list[dict[str, Any]], list[Enqueued], list[dict[str, Any]]]:
-    """For a batch `births_alone` admits: its time, its rows, the answer of each
-    request once its task is born, and the idempotency records those answers go in."""
+) -> _Births:
+    """A batch `births_alone` admits, made ready to be written."""
     now = db.clock.now_ms()
     rows = task_rows([new for new, _ in batch], now)
     answers = [Enqueued(task.id, 202, _json_bytes(response_object(task, None)), born=task)
                for task in as_born(rows)]
     records = [key_record(new.client_id, claim, answer.task_id, 202, answer.body, now, ttl_ms)
                for (new, claim), answer in zip(batch, answers) if claim is not None]
-    return now, rows, answers, records
+    return _Births(now, rows, answers, records)
+
+
+def _born(db: Database, births: _Births) -> list[Enqueued | None]:
+    """`births` written by one statement that commits by itself (`insert_rows_alone`):
+    each request's answer, None where its task was not inserted (a key held)."""
+    return _answered(births.ready, insert_rows_alone(db, births.rows, births.now,
+                                                     births.records))
+
+
+def _born_after_drop(db: Database, births: _Births) -> list[Enqueued | None]:
+    """The answers of a batch of births whose statement lost its connection once sent,
+    as `_born` gives them. That statement may have committed with only its reply lost:
+    on a fresh connection a task whose row exists is answered as born, with the
+    request's first answer (no replay: its record, if any, is its own), and only the
+    others are written again, with the same ids, so a drop under that write is as
+    safe (`core.store.redo_dropped.write_through_drops`). A store still away after the
+    last try raises its drop: the batch is answered `503`, never made a second time."""
+    answers = write_through_drops(db, births.ready, partial(_born_again, db, births),
+                                  _landed, dropped=True)
+    if any(answers):  # the lost reply took the announcement of those that landed
+        db.announce_committed_work()
+    return cast(list[Enqueued | None], answers)  # `_landed` refuses none
+
+
+def _born_again(
+    db: Database, births: _Births, ready: Sequence[Enqueued]
+) -> list[Enqueued | None]:
+    """The part of `births` answered by `ready` written again after a drop. A task it
+    did not insert may be the dropped statement's own after all, still running on the
+    server when `_landed` looked (waiting for a key's lock): this statement waited for
+    its row, and its id finds it."""
+    answers = _born(db, births.of(ready))
+    if None not in answers:
+        return answers
+    with db.read() as conn:
+        return [prepared if answer is None and _landed(conn, prepared) is not NOT_LANDED
+                else answer for prepared, answer in zip(ready, answers)]
+
+
+def _landed(conn: Connection, ready: Enqueued) -> Enqueued | Landing:
+    """A birth landed once its task's row exists: its id was made before the statement
+    was sent, so the row is that statement's own."""
+    found = conn.execute(select(tasks.c.id).where(tasks.c.id == ready.task_id)).first()
+    return ready if found is not None else NOT_LANDED
 
 
 def _answered(answers: Sequence[Enqueued], inserted: set[str]) -> list[Enqueued | None]:
@@ -282,7 +367,8 @@ def _json_bytes(value: Any) -> bytes:
 
 def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
     """A new task with the request of a failed one, its priority and its dedupe key (the
-    failed one stays as it was); the new task's row, as `task_in` reads it.
+    failed one stays as it was); the new task's row, as `task_in` reads it. It is
+    announced to the sweepers as a request's task is, not left to their poll.
 
     Asked again while that retry is still active (a double-click, a command run twice,
     two at the same instant), it answers the active retry's row and makes nothing: the
@@ -291,12 +377,12 @@ def retry_failed(db: Database, task_id: str, max_attempts: int) -> Row[Any]:
         old = response_in(conn, task_id, None)  # it holds the request to repeat
         if old.status != Status.FAILED:
             raise Conflict("task_not_failed", "only a failed task can be retried")
-        created = insert_task(db, conn, NewTask(
+        [created] = insert_tasks(db, conn, [NewTask(
             client_id=old.client_id, model=old.model, request_json=old.request_json,
             on_restart=OnRestart(old.on_restart), max_attempts=max_attempts,
             metadata=json.loads(old.metadata_json), dedupe_key=old.dedupe_key,
             priority=old.priority, retry_of=old.id,
-        ), db.clock.now_ms())
+        )], db.clock.now_ms(), announce=True)
         if created is not None:
             return task_in(conn, created.id, None)
         earlier = _active_retry(conn, old.id)  # refused by it, or by the dedupe key

@@ -21,7 +21,9 @@ its last drop, and the attempt is abandoned as before. SQLite has no session to 
 An API request's store call (`redone_if_dropped_before_commit`) has no landing to
 read: it is made once more, at once, only when the drop came before it sent any
 COMMIT (`core.store.database.commits_begun`), as the server then rolled back all it
-had done; a drop at a COMMIT is its caller's to answer.
+had done; a drop at a COMMIT is its caller's to answer. The one exception is the
+group commit's births statement (`core.store.new_tasks`): its task ids are made
+before it is sent, so their rows tell what landed, and it goes through here.
 """
 
 from __future__ import annotations
@@ -60,20 +62,26 @@ W = TypeVar("W", bound=Named)
 R = TypeVar("R")  # what a write answers for an item it wrote (most: None)
 T = TypeVar("T")  # what a read answers
 Answer = Exception | None  # an item's: None once written, or why its fence did not hold
-WriteAll = Callable[[Sequence[W]], list[R | Exception]]
+WriteAll = Callable[[Sequence[W]], Sequence[R | Exception]]
 # How one item's landing shows, read in a transaction of its own after a drop.
 Landed = Callable[[Connection, W], R | Exception | Landing]
 
 
 def write_through_drops(
-    db: Database, items: Sequence[W], write_all: WriteAll[W, R], landed: Landed[W, R] | None
+    db: Database, items: Sequence[W], write_all: WriteAll[W, R], landed: Landed[W, R] | None,
+    *, dropped: bool = False,
 ) -> list[R | Exception]:
     """`write_all(items)`, each item's answer; after a dropped connection, the items not
     `landed` are written again (`landed` None: the write cannot tell, the drop is
     raised as it is). The drop is raised after the last try, or as soon as another error
-    comes."""
+    comes. `dropped`: the caller made the first try itself, where this cannot make it
+    (on the event loop: `core.store.new_tasks.enqueue_many_async`), and it met a lost
+    connection (`is_connection_lost`); the tries start with the read of what landed,
+    so `landed` must be given."""
+    assert landed is not None or not dropped
     answers: dict[int, R | Exception] = {}
     left = list(range(len(items)))
+    made = int(dropped)  # the tries made before this call
 
     def write(tried: int) -> list[R | Exception]:
         nonlocal left
@@ -84,7 +92,8 @@ def write_through_drops(
         return [answers[i] for i in range(len(items))]
 
     # The first try at once; the redos only where each item's landing can be read.
-    return _tried_apart((0.0, *(TRY_PAUSES_SECONDS if landed is not None else ())), write)
+    pauses = (0.0, *(TRY_PAUSES_SECONDS if landed is not None else ()))
+    return _tried_apart(pauses[made:], lambda tried: write(made + tried))
 
 
 def read_after_drop(db: Database, read: Callable[[Connection], T]) -> T:
