@@ -54,6 +54,8 @@ MAX_STREAMS_BOUND = 10**6
 ClientTasks = Annotated[int, Meta(ge=0, le=MAX_ACTIVE_TASKS_BOUND)]
 ClientRate = Annotated[float, Meta(ge=0, le=REQUESTS_PER_SECOND_BOUND)]
 ClientStreams = Annotated[int, Meta(ge=1, le=MAX_STREAMS_BOUND)]
+# Per API process: forty clients' worth of `client_max_streams` streams, with room left.
+DEFAULT_HTTP_MAX_CONNECTIONS = 4096
 
 DATABASE_URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
 
@@ -110,6 +112,10 @@ class Settings:
     # 0 turns one off (only for measuring what it costs: bench/http.py).
     http_idle_timeout_seconds: Annotated[float, Meta(ge=0, le=3600)] = 30.0
     http_body_timeout_seconds: Annotated[float, Meta(ge=0, le=3600)] = 30.0
+    # Connections one API process holds open at once (granian's backpressure); more wait
+    # in the listen queue. Each open stream or wait is one (docs/operations.md).
+    http_max_connections: Annotated[int, Meta(ge=128, le=1_000_000)] = (
+        DEFAULT_HTTP_MAX_CONNECTIONS)
     # How long a request waits for one store call before its 503 (handlers/threads.py):
     # a store that stops answering must not hold every request for minutes.
     store_wait_seconds: Annotated[float, Meta(gt=0, le=3600)] = 30.0

@@ -8,18 +8,26 @@ the API is a decision an operator makes with `--host`.
 
 from __future__ import annotations
 
+import logging
 import math
+import resource
 
 from granian import Granian
 from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 
+from core.settings import DEFAULT_HTTP_MAX_CONNECTIONS
 from infra.parent_watch import mark_workers
+
+log = logging.getLogger("taskward.server")
 
 APP_FACTORY = "infra.app:serving_app"
 # How long past its drain a worker may take to stop (its streams end at once, its
 # sweeper's hand-back is one write) before granian kills it.
 STOP_MARGIN_SECONDS = 5
+# Descriptors a worker needs besides its connections: the store's connections and files,
+# model files, upstream connections, pipes, logs.
+OTHER_OPEN_FILES = 1024
 
 
 def serve(
@@ -31,6 +39,7 @@ def serve(
     factory: bool = True,
     idle_timeout_seconds: float = 30,
     drain_seconds: float = 0,
+    max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS,
 ) -> None:
     """Serve the ASGI app `target` ("module:attribute") until SIGINT or SIGTERM.
 
@@ -47,9 +56,16 @@ def serve(
     Ctrl-C in 6 of `taskward run`, its main thread holding the GIL while it waits for a
     lock that granian's runtime thread takes only with the GIL) held the stop, and the
     SQLite store's sign of a live sweeper, for ever.
+
+    Each worker holds at most `max_connections` connections open (granian's
+    backpressure: an idle one, a stream, a long-poll alike); further ones wait in the
+    listen queue, as long as `max_connections` too (the kernel's `net.core.somaxconn`
+    may shorten it). granian's default, 1024 per process, let a dozen clients' waits
+    within their stream limit leave `/healthz` unanswered.
     """
     bounded = idle_timeout_seconds > 0
     mark_workers()  # the app of each (`infra.app.serving_app`) stops when this process is gone
+    per_worker = connections_within_open_files(max_connections)
     Granian(
         target,
         address=host,
@@ -63,4 +79,32 @@ def serve(
         factory=factory,
         log_access=False,
         workers_kill_timeout=math.ceil(drain_seconds) + STOP_MARGIN_SECONDS,
+        backlog=per_worker,
+        backpressure=per_worker,
     ).serve()
+
+
+def connections_within_open_files(wanted: int) -> int:
+    """`wanted`, or fewer when a process may not open enough files for that many
+    connections; this process's soft open-files limit, which its workers inherit, is
+    first raised as far as they need and the hard limit allows.
+
+    A process out of descriptors fails whatever opens one, its store connections and
+    files included, not only the next connection. The usual soft limit (1024: a login
+    shell, a systemd unit) is below the default cap; the usual hard limit (systemd's
+    524288) is not, so the operator rarely has anything to raise. Importing granian
+    raises the soft limit to the hard one today (its `sysinfo` dependency does), which
+    granian does not promise: the raise here does not depend on it.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = wanted + OTHER_OPEN_FILES
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        allowed = max(hard - OTHER_OPEN_FILES, hard // 2)
+        log.warning("serving at most %d connections per process, not the %d of "
+                    "TASKWARD_HTTP_MAX_CONNECTIONS: the hard limit on open files is %d "
+                    "(raise it to %d: `LimitNOFILE=` in a systemd unit, `ulimit -Hn`, a "
+                    "container's `nofile` ulimit)", allowed, wanted, hard, needed)
+        wanted, needed = allowed, hard
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    return wanted

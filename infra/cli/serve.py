@@ -22,7 +22,8 @@ def serve(host: str, port: int, workers: int) -> None:
         pass
     port = ensure_free(host, port)
     serve_api(host=host, port=port, workers=workers,
-              idle_timeout_seconds=settings.http_idle_timeout_seconds)
+              idle_timeout_seconds=settings.http_idle_timeout_seconds,
+              max_connections=settings.http_max_connections)
 
 
 COMMANDS: list[click.Command] = [serve]
