@@ -8,7 +8,7 @@ from litestar import delete, get, patch, post
 from litestar.params import JSONBody, Parameter
 from pydantic import Field, StringConstraints
 
-from core.bodies import NO_CONTROL, StrictBody
+from core.bodies import NO_CONTROL, PUBLIC_BODY_BYTES, StrictBody
 from core.clients import (
     DEFAULT_SCOPES,
     MAX_NAME_CHARS,
@@ -68,7 +68,8 @@ class PairingCodeBody(LimitsBody):
     name: Name | None = None
 
 
-@post("/v1/pair", opt=PUBLIC_ROUTE, status_code=201, tags=["clients"])
+@post("/v1/pair", opt=PUBLIC_ROUTE, status_code=201, tags=["clients"],
+      request_max_body_size=PUBLIC_BODY_BYTES)
 async def pair(data: JSONBody[PairBody], services: Services) -> dict[str, Any]:
     """Redeem a one-time pairing code for a new client and its token (shown once)."""
     issued = await blocking(redeem_pairing_code, services.db, data.code, data.name)
