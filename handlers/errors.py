@@ -90,7 +90,8 @@ def problem(
 def problem_of(exc: Exception) -> ProblemDetailsException:
     """The problem document for any exception that reached the top of a request."""
     if isinstance(exc, ClientDisconnected):
-        return problem(400, "client_disconnected", "the client left before its body arrived")
+        return problem(400, "client_disconnected", "the request body could not be read: "
+                       "the client left or sent a malformed body")
     if isinstance(exc, BodyTimeout):
         return problem(408, exc.code, exc.message, headers={"Connection": "close"})
     if isinstance(exc, DomainError):

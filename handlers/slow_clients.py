@@ -7,7 +7,9 @@ middleware bounds the wait for each piece of the body: a client that sends nothi
 `body_timeout_seconds` gets `408 body_timeout` with `Connection: close`, and the
 connection is released. A client that disconnects mid-body is not an error of ours:
 `ClientDisconnected` ends the request without a log line (`handlers.errors` answers
-it, to nobody, as a 400).
+it as a `400 client_disconnected`). granian reports a body it cannot frame (a chunk
+size that is not hex, an endless chunk extension) as a disconnect too, so that answer
+may reach a client still there; its detail holds for both.
 
 A body is complete once its `Content-Length` bytes have come: the piece that brings
 them is passed on as the last (`more_body` false). granian hands a body over as its
@@ -42,7 +44,8 @@ from handlers.arrivals import Arrivals
 
 
 class ClientDisconnected(Exception):
-    """The client closed its connection before its request body was complete."""
+    """The request body ended before it was complete: the client closed its connection,
+    or sent a body granian could not frame (which it reports alike)."""
 
 
 class BodyTimeout(DomainError):

@@ -124,7 +124,6 @@ UNANSWERED_CODES = {
     "default_model_missing", "engine_module_missing",  # a process's start-up (the CLI)
     "invalid_catch_up",  # `core.cron`'s guard: bodies bound `catch_up` first
     "login_required",  # a console page answers it with a 303 to the login form
-    "client_disconnected",  # nobody is left to read it
 }
 # Besides the domain errors, what takes a code as its first argument: the URL check,
 # whose code the registry passes on (`core.models_registry`).
