@@ -43,6 +43,7 @@ from handlers.errors import problem_details_plugin
 from handlers.json_body import BoundedRequest
 from handlers.limits import ClientLimits
 from handlers.live import LiveTail
+from handlers.options import answer_options_in_full
 from handlers.params import before_handling
 from handlers.services import ProcessServices
 from handlers.slow_clients import bounded_body_reads
@@ -112,6 +113,7 @@ def create_app(
         on_shutdown=[*on_shutdown, close],
         state=State({"services": services}),
     )
+    app.asgi_handler = answer_options_in_full(app)  # once every route is registered
     app.asgi_handler = refuse_encoded_slashes(app.asgi_handler)  # before routing
     return app
 
