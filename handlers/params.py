@@ -11,7 +11,9 @@ An integer query parameter or header is written in decimal digits (a leading `-`
 read, then refused by the parameter's range): Litestar converts a query string loosely,
 and would take `1e1` or `2.0` as `10` or `2`. `integers_are_digits` refuses what is not
 digits before Litestar converts it, with the 422 `validation_error` naming the
-parameter that Litestar's own validation answers.
+parameter that Litestar's own validation answers. A leading zero (`05`) is refused
+there too, with words that say so: msgspec, which converts the value, reads a number as
+JSON writes one, where `05` is none, and answered "Expected `int`, got `str`".
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def unknown_ids_are_not_found(request: Request[Any, Any, Any]) -> None:
             raise id_not_found(name)
 
 
-_DIGITS = re.compile(r"-?[0-9]+")
+_DIGITS = re.compile(r"-?(?:0|[1-9][0-9]*)")
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def integers_are_digits(request: Request[Any, Any, Any]) -> None:
             source = "header" if parameter.in_header else "query"
             raise ValidationException(extra=[{
                 "key": parameter.field, "source": source,
-                "message": "must be an integer written in decimal digits"}])
+                "message": "must be an integer written in decimal digits, without leading zeros"}])
 
 
 def _integer_parameters(handler: BaseRouteHandler) -> tuple[_IntegerParameter, ...]:
