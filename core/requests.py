@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    Discriminator,
     Field,
     Strict,
     StringConstraints,
+    Tag,
+    ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from core.bodies import NO_CONTROL, StrictBody
 from core.clock import parse_time, utc_ms
@@ -54,20 +59,61 @@ _NO_OPS = {*_ONLY_SUPPORTED, "parallel_tool_calls", "user"}
 _NOT_STORED = _ANSWER_ONLY | _NO_OPS
 
 
+# `input` and a message's `content` are text or a list. A value is held to the branch of
+# its JSON type alone, so a list's fault is named rather than hidden behind "not a
+# string"; pydantic names that branch as a step of the fault's location, which
+# `_without_branches` takes out again.
+_TEXT, _LIST = "text", "list"
+
+
+def _branch(value: object) -> str | None:
+    return _TEXT if isinstance(value, str) else _LIST if isinstance(value, list) else None
+
+
+_Item = TypeVar("_Item")
+_TextOrList = Annotated[
+    Annotated[str, Tag(_TEXT), Field(max_length=MAX_TEXT)]
+    | Annotated[list[_Item], Tag(_LIST), Field(max_length=MAX_TEXT)],
+    Discriminator(_branch, custom_error_type="string_or_list",
+                  custom_error_message="Input should be a string or a list")]
+
+
+def _without_branches(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """A location inside `input` as the client wrote it (`0.content.0.text`), without the
+    branch steps (`list.0.content.list.0.text`): `input`'s first, and one after each
+    `content`."""
+    return tuple(step for at, step in enumerate(loc)
+                 if not (step in (_TEXT, _LIST) and (at == 0 or loc[at - 1] == "content")))
+
+
+# A previous response's output sent back as input, OpenAI's multi-turn pattern
+# (`input=[*previous.output, {"role": "user", ...}]`): its message item carries `id`,
+# `status` and (from OpenAI's SDK) `phase`, its text part `annotations` and (the SDK)
+# `logprobs`. Each is held to the type OpenAI gives it, then left out of the stored
+# request: the text is all a model is given of a message.
+def _output_only() -> Any:
+    return Field(default=None, exclude=True)
+
+
 class InputText(StrictBody):
     type: Literal["input_text", "output_text", "text"] = "input_text"
     text: str = Field(max_length=MAX_TEXT)
+    annotations: list[dict[str, Any]] | None = _output_only()
+    logprobs: list[dict[str, Any]] | None = _output_only()
 
 
 class Message(StrictBody):
     type: Literal["message"] | None = None
     role: Role
-    content: str | list[InputText] = Field(max_length=MAX_TEXT)
+    content: _TextOrList[InputText]
+    id: str | None = _output_only()
+    status: Literal["in_progress", "completed", "incomplete"] | None = _output_only()
+    phase: Literal["commentary", "final_answer"] | None = _output_only()
 
 
 class ResponseRequest(StrictBody):
     model: str = Field(min_length=1, max_length=200)
-    input: str | list[Message] = Field(max_length=MAX_TEXT)
+    input: _TextOrList[Message]
     instructions: str | None = Field(default=None, max_length=MAX_TEXT)
     max_output_tokens: int | None = Field(default=None, ge=1, le=32_768)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -140,6 +186,19 @@ class ResponseRequest(StrictBody):
         if not isinstance(value, str):
             raise ValueError("must be an RFC 3339 time with an offset")
         return parse_time(value)
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _located_as_sent(cls, value: object, handler: ValidatorFunctionWrapHandler) -> object:
+        """Each fault of `input` located by the path the client wrote; its message as
+        pydantic wrote it."""
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            raise ValidationError.from_exception_data(exc.title, [
+                InitErrorDetails(type=PydanticCustomError(error["type"], error["msg"]),
+                                 loc=_without_branches(error["loc"]), input=error["input"])
+                for error in exc.errors()]) from None
 
     @field_validator("input")
     @classmethod
