@@ -22,7 +22,7 @@ from litestar.params import HeaderParameter, JSONBody, Parameter
 from litestar.response import Stream
 
 from core.clients import Client
-from core.errors import Conflict, TooManyRequests
+from core.errors import Conflict, NotFound, TooManyRequests
 from core.idempotency import IdempotencyClaim
 from core.objects import deleted_object, response_object
 from core.requests import ResponseRequest, new_task
@@ -101,22 +101,27 @@ async def create_response(
         return json_bytes(outcome.body, 200, {"Dedupe-Hit": "true"})
     # A replay answers in the mode of the request it repeats (same body, so same mode):
     # the stored body when that answer was immediate, else the same wait or stream over
-    # the same task, which gives the first answer again once the task has finished.
+    # the same task, which gives the first answer again once the task has finished. A
+    # task since gone (deleted, or removed by retention before its key expired) leaves
+    # only the stored body, which the replay then answers in any mode.
     replayed = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
     located = {**task_location(outcome.task_id), **replayed}
     if held is None:
         preference = {"Preference-Applied": "respond-async"} if _respond_async(prefer) else {}
         return json_bytes(outcome.body, outcome.status_code, {**located, **preference})
-    if data.stream:
-        return await event_stream(db, services.tail, outcome.task_id, client.id, 0,
-                                  token_still_valid(request), held=held, born=outcome.born,
-                                  headers=replayed)
     try:
-        task = await until_left(request.receive, token_still_valid(request), settled(
-            db, services.tail, outcome.task_id, client.id, settings.sync_timeout_seconds,
-            read=get_response))
-    finally:
-        held()
+        if data.stream:
+            return await event_stream(db, services.tail, outcome.task_id, client.id, 0,
+                                      token_still_valid(request), held=held,
+                                      born=outcome.born, headers=replayed)
+        try:
+            task = await until_left(request.receive, token_still_valid(request), settled(
+                db, services.tail, outcome.task_id, client.id, settings.sync_timeout_seconds,
+                read=get_response))
+        finally:
+            held()
+    except NotFound:  # the task is gone
+        return json_bytes(outcome.body, outcome.status_code, located)
     if Status(task.status) in TERMINAL:
         return Response(response_object(task, task), status_code=200, headers=replayed)
     return Response(response_object(task, task), status_code=202, headers=located)
