@@ -106,14 +106,23 @@ def task_page(db: Database, _now: int, task_id: str) -> TaskPage:
     tail then starts right after `task["last_seq"]`, and nothing is shown twice.
 
     The latest `EVENTS_SHOWN` are wanted: a longer log is read again from where its
-    last `EVENTS_SHOWN` begin, until a read's events reach that read's `last_seq`.
+    last `EVENTS_SHOWN` begin, until a read's events reach that read's `last_seq`. A
+    read that ends short of it without being full is the log as stored: retention
+    removes a finished task's newest events first, batch by batch, and such a task,
+    read again from the same place for ever, held a store thread and the page (red
+    team). Where none of the newest are left, the read goes on from the last event
+    read; each read ends further on, so the reads end.
     """
-    after = 0
-    while True:
-        row, rows = task_and_events(db, task_id, None, after=after, limit=EVENTS_SHOWN)
-        if not rows or rows[-1].seq >= row.last_seq:
+    row, rows = task_and_events(db, task_id, None, after=0, limit=EVENTS_SHOWN)
+    while len(rows) == EVENTS_SHOWN and rows[-1].seq < row.last_seq:
+        newer_row, newer = task_and_events(db, task_id, None, after=row.last_seq - EVENTS_SHOWN,
+                                           limit=EVENTS_SHOWN)
+        if not newer:  # the newest are gone: on from the last event read
+            newer_row, newer = task_and_events(db, task_id, None, after=rows[-1].seq,
+                                               limit=EVENTS_SHOWN)
+        if not newer or newer[-1].seq <= rows[-1].seq:
             break
-        after = row.last_seq - EVENTS_SHOWN
+        row, rows = newer_row, newer
     events = [event_object(row, row, event) for event in rows]
     name = client_names(db, [row.client_id]).get(row.client_id, "")
     return TaskPage(task_object(row), row.output_text or "", events, name, row.retry_of,

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+from sqlalchemy import delete
+
 from core.clients import Client, IssuedToken
 from core.console_sessions import ConsoleSession
 from core.schedules import create_schedule
@@ -14,6 +17,7 @@ from core.states import Status
 from core.store.clients import create_client
 from core.store.database import Database
 from core.store.queue_stats import QueueStats
+from core.tables import task_events
 from handlers.console.chart import Chart
 from handlers.console.reads import Overview
 from handlers.console.render import html
@@ -218,3 +222,24 @@ def test_the_oldest_wait_is_never_below_zero_when_a_hand_back_was_stamped_ahead(
     chart = Chart(width=0, height=0, bars=[], peak=0, completed=0, failed=0, minutes=0)
     assert Overview(now=10_000, stats=stats, chart=chart).oldest_due_wait_ms == 0
     assert Overview(now=12_000, stats=stats, chart=chart).oldest_due_wait_ms == 1_500
+
+
+@pytest.mark.parametrize("removed", [50, 250])
+def test_a_log_whose_newest_events_retention_removed_is_shown_as_stored(
+    console: Console, db: Database, model_id: str, removed: int
+) -> None:
+    """Retention removes a finished task's newest events first, batch by batch: a page
+    of a task left half removed read the same events again for ever (fewer than
+    `EVENTS_SHOWN` removed), or showed none (more)."""
+    task_id = running(db, model_id, words=600)
+    last_seq = task_row(db, task_id).last_seq
+    with db.write() as conn:
+        conn.execute(delete(task_events).where(task_events.c.task_id == task_id,
+                                               task_events.c.seq > last_seq - removed))
+    stored_end = last_seq - removed
+
+    page = console.page(f"/console/tasks/{task_id}")
+
+    shown = [int(seq) for seq in re.findall(r"<tr><td>(\d+)</td>", page)]
+    assert shown == list(range(shown[0], stored_end + 1))  # the newest stored, in order
+    assert len(shown) >= 150
