@@ -6,27 +6,23 @@ defined state; then the default model and the first admin pairing code; and only
 the API and the sweeper loop, started together in granian's worker process.
 
 The sweeper shares that process's `Database` with the API, so an enqueue wakes it
-in-process (the only push SQLite has). Ctrl-C / SIGTERM reach granian, which shuts the
-app down: the shutdown hook stops the loop gracefully (drain, then hand back) before
+in-process (the only push SQLite has). Ctrl-C / SIGTERM begin the loop's graceful stop
+(drain, then hand back) at once (`infra.stop_signals.GracefulStop`), not when granian
+gets round to the app's shutdown, which waits for every connection to end: one client
+that leaves its answers unread held that off until granian killed the worker, its tasks
+left `running` as after a crash. The shutdown hook waits for the stop to be over before
 the database closes; a second Ctrl-C cuts the drain short.
 """
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import threading
 from dataclasses import dataclass
 
 from litestar import Litestar
 
 from core.engines.registry import import_engine_modules
-from core.model_files import (
-    DEFAULT_ENGINE,
-    DEFAULT_MODEL_ID,
-    DEFAULT_MODEL_METADATA,
-    install_default_model,
-)
+from core.model_files import DEFAULT_ENGINE, DEFAULT_MODEL_ID, install_default_model
 from core.models_registry import register
 from core.settings import Settings, load_settings
 from core.store.clients import first_start_admin_code
@@ -37,7 +33,7 @@ from core.store.recovery import SweepersAlive, recover
 from infra.app import serving_app
 from infra.migrate import upgrade
 from infra.server import serve
-from infra.stop_signals import also_on
+from infra.stop_signals import GracefulStop
 from scheduler.loop import SweeperLoop
 
 ALL_IN_ONE_APP = "infra.runtime:all_in_one_app"
@@ -78,21 +74,24 @@ def _recovered(db: Database, settings: Settings) -> dict[str, int] | None:
 
 
 def _register_default_model(db: Database, settings: Settings) -> str | None:
-    """Register the bundled model when the registry is empty, so `/v1/models` is not."""
+    """Register the bundled model when the registry is empty, so `/v1/models` is not;
+    the registry gives its entry the recommended sampling defaults, as it would to
+    `taskward models add` of the same file."""
     if list_models(db):
         return None
     path = install_default_model(settings.models_dir)
-    register(db, settings.models_dir, path, model_id=DEFAULT_MODEL_ID, engine=DEFAULT_ENGINE,
-             metadata=DEFAULT_MODEL_METADATA)
+    register(db, settings.models_dir, path, model_id=DEFAULT_MODEL_ID, engine=DEFAULT_ENGINE)
     return DEFAULT_MODEL_ID
 
 
 def serve_all_in_one(
-    *, host: str, port: int, idle_timeout_seconds: float, drain_seconds: float
+    *, host: str, port: int, idle_timeout_seconds: float, drain_seconds: float,
+    max_connections: int,
 ) -> None:
     """Serve the API with the sweeper loop until SIGINT/SIGTERM (one granian worker)."""
     serve(ALL_IN_ONE_APP, host=host, port=port, workers=1, factory=True,
-          idle_timeout_seconds=idle_timeout_seconds, drain_seconds=drain_seconds)
+          idle_timeout_seconds=idle_timeout_seconds, drain_seconds=drain_seconds,
+          max_connections=max_connections)
 
 
 def all_in_one_app() -> Litestar:
@@ -101,22 +100,17 @@ def all_in_one_app() -> Litestar:
     import_engine_modules(settings.engine_module_names)
     loops: list[SweeperLoop] = []
 
+    def stop_sweeper(hurry: threading.Event) -> None:
+        for loop in loops:
+            loop.stop(hurry=hurry)
+
+    stop = GracefulStop(stop_sweeper)
+
     def start_sweeper(app: Litestar) -> None:
         loop = SweeperLoop(app.state.services.db, settings, in_process_wakeups=True)
         loop.start()
         loops.append(loop)
+        stop.arm()
 
-    async def stop_sweeper() -> None:
-        # From here on (the drain has begun) a Ctrl-C is the second: it hands back at
-        # once, as for `taskward sweeper`. Only SIGINT counts. The first Ctrl-C reached
-        # this worker before the shutdown that runs this began; granian's main process
-        # then sent it a SIGTERM, which must not pass for a second request (nor must a
-        # SIGTERM to the whole group, as systemd sends).
-        hurry = threading.Event()
-        also_on((signal.SIGINT,), hurry.set)
-        # The drain blocks for up to TASKWARD_DRAIN_SECONDS: keep the event loop free.
-        for loop in loops:
-            await asyncio.to_thread(loop.stop, hurry=hurry)
-
-    return serving_app(settings, on_startup=[start_sweeper], on_shutdown=[stop_sweeper],
+    return serving_app(settings, on_startup=[start_sweeper], on_shutdown=[stop.finish],
                        role="run")

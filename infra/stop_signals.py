@@ -5,10 +5,12 @@ first asks for a graceful stop, a second cuts its drain short.
 
 In a process granian serves (`serve`, `run`), granian's worker hears them through its
 event loop's wake-up descriptor and begins its shutdown, but it lets the worker end
-only once every open connection has ended, and runs the app's shutdown hooks only then.
-What must happen at the signal itself (the API's waits ending; in `taskward run`, a
-second Ctrl-C cutting the drain short) is added by `also_on` as a Python handler that
-runs, then calls the one set before it.
+only once every open connection has ended, and runs the app's shutdown hooks only then:
+never, when a client leaves its answers unread (its connection does not end; granian
+kills the worker in the end). What must happen at the signal itself (the API's waits
+ending; in `taskward run`, the sweeper's drain and hand-back, a second Ctrl-C cutting
+that drain short: `GracefulStop`) is added by `also_on` as a Python handler that runs,
+then calls the one set before it.
 
 A Python handler runs on the main thread between two bytecodes, so it must not take a
 lock that thread may hold: the handlers here only set events that the main thread never
@@ -17,6 +19,7 @@ waits on (`wait_for` polls instead) or call `call_soon_threadsafe`, which takes 
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -77,3 +80,40 @@ def _both(call: Callable[[], object], servers: Handler, signum: int,
           frame: FrameType | None) -> None:
     call()
     servers(signum, frame)
+
+
+class GracefulStop:
+    """A graceful stop that blocks (`stop(hurry)`: a sweeper's drain and hand-back),
+    begun in a thread at the first SIGTERM or SIGINT once `arm`ed, whatever the
+    server's connections do, and awaited by the app's shutdown hook (`finish`).
+
+    From its beginning on, a SIGINT sets `hurry`, the operator's second Ctrl-C; a
+    SIGTERM never does: the first Ctrl-C reaches granian's main process too, which
+    passes it on to the worker as a SIGTERM of its own, and systemd sends one to the
+    whole group."""
+
+    def __init__(self, stop: Callable[[threading.Event], None]) -> None:
+        self._stop = stop
+        self._running: asyncio.Future[None] | None = None
+
+    def arm(self) -> None:
+        """From now on the first stop signal begins the stop; called on the event loop
+        that `finish` will run on (a signal handler may only hand it the call)."""
+        also_on((signal.SIGTERM, signal.SIGINT),
+                partial(asyncio.get_running_loop().call_soon_threadsafe, self._begin))
+
+    async def finish(self) -> None:
+        """Return once the stop is over, beginning it if no signal has (an app that
+        was not `arm`ed, or a shutdown no signal asked for)."""
+        self._begin()
+        assert self._running is not None
+        await self._running
+
+    def _begin(self) -> None:
+        if self._running is not None:
+            return
+        hurry = threading.Event()
+        also_on((signal.SIGINT,), hurry.set)
+        # Off the event loop: the drain blocks for up to TASKWARD_DRAIN_SECONDS while
+        # the API goes on answering on the connections still open.
+        self._running = asyncio.ensure_future(asyncio.to_thread(self._stop, hurry))

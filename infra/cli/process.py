@@ -149,6 +149,7 @@ def run(host: str, port: int) -> None:
     with database(settings, check=False, role="run") as db, sweeping(db):
         serve_all_in_one(host=host, port=port,
                          idle_timeout_seconds=settings.http_idle_timeout_seconds,
+                         max_connections=settings.http_max_connections,
                          drain_seconds=settings.drain_seconds)
 
 
