@@ -52,7 +52,8 @@ def _end_waits_when_told_to_stop(app: Litestar) -> None:
     """From the first SIGTERM or SIGINT on, every SSE stream and long-poll of this
     worker ends at once (`LiveTail.close_waits`): granian's worker stops only once
     every open connection has ended, and one client following a queued task held a
-    stop for ever (and, in `taskward run`, the sweeper's drain never began)."""
+    stop for ever. A stream whose client has stopped reading is waiting on its send,
+    not on the tail: it ends when that send times out (`handlers.sse`)."""
     tail = app.state.services.tail
     also_on((signal.SIGTERM, signal.SIGINT),
             partial(asyncio.get_running_loop().call_soon_threadsafe, tail.close_waits))
