@@ -163,7 +163,8 @@ def test_a_value_past_its_bound_is_named_with_the_bound(monkeypatch: pytest.Monk
 
 def test_a_file_value_of_the_wrong_type_is_named(tmp_path: Path) -> None:
     (tmp_path / "taskward.toml").write_text("models_dir = 5\n")
-    with pytest.raises(SettingsError, match="^taskward.toml: models_dir must be a string, not an integer$"):
+    with pytest.raises(SettingsError,
+                       match="^taskward.toml: models_dir must be a string, not an integer$"):
         load_settings()
 
 
