@@ -20,6 +20,7 @@ from core.errors import LeaseLost
 from core.states import Status
 from core.store import worker_writes
 from core.store.database import Database
+from core.store.outage import outage_cause
 from core.thread_names import named_thread
 from scheduler.attempt import Attempt, StopReason
 
@@ -115,11 +116,12 @@ class LeaseKeeper:
         except LeaseLost:
             attempt.raise_flag(StopReason.LOST)
             return
-        except Exception as exc:  # the store is unreachable: keep trying
+        except Exception as exc:  # the store is unreachable, or its row held: keep trying
             attempt.renewal_failed()
             if attempt.task_id not in self._failing:
-                log.warning("heartbeat for task %s failed (%s); retrying every tick",
-                            attempt.task_id, type(exc).__name__)
+                cause = outage_cause(getattr(exc, "orig", None) or exc)
+                log.warning("heartbeat for task %s failed (%s%s); retrying every tick",
+                            attempt.task_id, type(exc).__name__, f": {cause}" if cause else "")
                 self._failing.add(attempt.task_id)
             if self._db.clock.now_ms() >= attempt.lease_ends_ms:
                 log.warning("task %s: lease ran out unrenewed; stopping its generation",

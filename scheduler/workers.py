@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING
 
 from core.engines.base import EngineError, ModelSource
 from core.engines.upstream.routing import ROUTER
+from core.error_chain import error_chain
 from core.settings import Settings
 from core.store import claims
 from core.store.database import Database
-from core.store.outage import outage_behind
+from core.store.outage import is_row_held, outage_behind, outage_cause
 from core.thread_pool import DaemonThreadPool
 from scheduler.attempt import Attempt, Outcome, StopReason
 from scheduler.engine_threads import EngineThreads
@@ -140,11 +141,21 @@ class Workers:
             self._unwritten.add(item.task_id)
             self._slot_freed()
         self._on_slot_freed()
-        self._completions.submit(item, partial(self._written, attempt))
+        self._completions.submit(item, partial(self._written, attempt, item))
 
-    def _written(self, attempt: Attempt, failure: BaseException | None) -> None:
+    def _written(self, attempt: Attempt, item: completion.Completion,
+                 failure: BaseException | None) -> None:
+        """Settle `attempt` once its completion's group is written; one that a row held
+        by another transaction refused (`is_row_held`) is parked on the stream thread
+        instead, tried again apart until it lands or the attempt must stop, while the
+        completions of the others go on."""
+        from core.store.completion import complete_apart
         from scheduler.execute import written
 
+        if isinstance(failure, Exception) and is_row_held(failure):
+            self._stream_thread().park(attempt, partial(complete_apart, self._db, item),
+                                       partial(written, self._db, attempt), failure)
+            return
         self._settle(attempt, lambda: written(self._db, attempt, failure))
 
     def _complete_group(
@@ -287,6 +298,10 @@ class Workers:
 
     def _follow(self, follower: Follower) -> None:
         """Hand an attempt's stream to the stream thread, which settles it (`_streamed`)."""
+        self._stream_thread().follow(follower)
+
+    def _stream_thread(self) -> StreamThread:
+        """The stream thread, started with its first attempt (streamed or parked)."""
         with self._lock:
             if self._streams is None:
                 from scheduler.stream_thread import StreamThread, join_window_ms
@@ -295,8 +310,7 @@ class Workers:
                     self._db, join_ms=join_window_ms(self._settings.flush_interval_ms),
                     done=self._streamed)
                 self._streams.start()
-            streams = self._streams
-        streams.follow(follower)
+            return self._streams
 
     def _streamed(self, attempt: Attempt, result: Callable[[], Outcome | None]) -> None:
         """The stream thread is done with `attempt`; settling it may write (its
@@ -465,7 +479,16 @@ def _log_abandoned(task_id: str, exc: Exception) -> None:
     """An attempt given up on: its lease runs out and its restart policy applies. A
     store outage (the error itself, or what a group write's failure was raised from) is
     one line per attempt, as every attempt in flight meets it at once and its traceback
-    says nothing more; any other error keeps its traceback."""
+    says nothing more; so is a row another transaction held past the bound (the store
+    is fine: the line names the hold, which an operator looks for); any other error
+    keeps its traceback."""
+    held = next((seen for seen in error_chain(exc, handled=False) if is_row_held(seen)),
+                None)
+    if held is not None:
+        log.error("task %s: attempt given up, a row of it is held by another transaction "
+                  "(%s); its lease runs out and its restart policy applies", task_id,
+                  outage_cause(getattr(held, "orig", held)))
+        return
     outage = outage_behind(exc)
     if outage is None:
         log.exception("task %s: attempt abandoned", task_id)

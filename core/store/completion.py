@@ -13,14 +13,23 @@ from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, Row, select
+from sqlalchemy.exc import DBAPIError
 
 from core.engines.base import Usage
 from core.states import Status
 from core.store.database import Database
+from core.store.outage import is_row_held
 from core.store.pg_completion import complete_alone
 from core.store.redo_dropped import Answer, Landing, write_through_drops
 from core.store.transitions import Event, Held, PerRow, insert_events, move
-from core.store.worker_writes import add_outputs, fenced, start_all, terminal_values, unless_held
+from core.store.worker_writes import (
+    add_outputs,
+    fenced,
+    start_all,
+    terminal_values,
+    unless_held,
+    wait_briefly,
+)
 from core.tables import tasks
 
 
@@ -67,10 +76,37 @@ def complete_all(db: Database, completions: Sequence[Completion]) -> list[Except
     With `start=True` a whole short generation (`loading -> running -> completed`, each
     move with its event) costs no transaction of its own. After a dropped connection
     the completions that did not land are written again (`_completion_landed`).
+
+    A round that met a row another transaction holds past the process's bound
+    (`is_row_held`: PostgreSQL's `lock_timeout`, `core.store.connect`) is written
+    again completion by completion (`complete_apart`), so that only the held tasks'
+    completions fail, each answered with the held row's error; the others complete.
     """
     told = all(c.attempt is not None for c in completions)
     return write_through_drops(db, completions, partial(_complete_all, db),
                                _completion_landed if told else None)
+
+
+def complete_apart(db: Database, c: Completion) -> Exception | None:
+    """One completion in a transaction of its own that waits only briefly for a row
+    another transaction holds (`worker_writes.wait_briefly`): None once written, or
+    why not, answered rather than raised: its fence, the held row (`is_row_held`) or
+    any other error of the store's. Its moves are `_complete_batch`'s, SQLite's, as
+    the one statement of `core.store.pg_completion` commits by itself."""
+    try:
+        [answer] = write_through_drops(db, [c], partial(_complete_briefly, db),
+                                       None if c.attempt is None else _completion_landed)
+    except DBAPIError as exc:
+        return exc
+    return answer
+
+
+def _complete_briefly(db: Database, completions: Sequence[Completion]) -> list[Answer]:
+    failures: dict[int, Exception] = {}
+    with db.write_events() as conn:
+        wait_briefly(conn)
+        _complete_batch(conn, db.clock.now_ms(), dict(enumerate(completions)), failures)
+    return [failures.get(i) for i in range(len(completions))]
 
 
 def _completion_landed(conn: Connection, c: Completion) -> Answer | Landing:
@@ -107,8 +143,18 @@ def _complete_alone(db: Database, batch: dict[int, Completion],
     (`core.store.pg_completion.complete_alone`), then this process hears the events.
     Why a task was not moved is read afterwards, as the separate moves read it (a
     later statement of READ COMMITTED either way); if that read fails, the round's
-    completions stand and the failure is the group's, as any store error is."""
-    moved = complete_alone(db, list(batch.values()))
+    completions stand and the failure is the group's, as any store error is. A round
+    that met a held row committed nothing: each of it is completed apart."""
+    try:
+        moved = complete_alone(db, list(batch.values()))
+    except DBAPIError as exc:
+        if not is_row_held(exc):
+            raise
+        for i, c in batch.items():
+            failure = exc if len(batch) == 1 else complete_apart(db, c)
+            if failure is not None:
+                failures[i] = failure
+        return
     db.announce_committed_events(c.task_id for c in batch.values())
     unmoved = {i: c for i, c in batch.items() if c.task_id not in moved}
     if unmoved:

@@ -5,6 +5,7 @@ that relies on it (`BEGIN IMMEDIATE` needs the driver's autocommit, WAL the prag
 from __future__ import annotations
 
 import errno
+import math
 import os
 import stat
 from pathlib import Path
@@ -18,7 +19,9 @@ from core.clock import Clock
 from core.settings import Settings, SettingsError
 from core.store.database import Database
 from core.store.libpq import (
-    bound_idle_transactions,
+    IDLE_IN_TRANSACTION,
+    LOCK_WAIT,
+    bound_session,
     closed_while_idle,
     named_for,
     unknown_options,
@@ -29,12 +32,15 @@ from core.store.libpq import (
 # (`application_name` taskward-<role>): an API worker, a sweeper (`sweeper`, `sweep`),
 # the all-in-one `run`, or any other command.
 ProcessRole = Literal["api", "sweeper", "run", "cli"]
+# The roles whose connections write a worker's flushes, heartbeats and completions.
+_SWEEPING: frozenset[ProcessRole] = frozenset({"sweeper", "run"})
 
 
 def create_db_engine(settings: Settings, role: ProcessRole = "api", *,
                      create: bool = True) -> Engine:
     """An engine for `settings.database_url`; SQLite gets WAL, busy timeout, synchronous,
-    PostgreSQL the connection bounds (`core.store.libpq`) and `role`'s name. The API
+    PostgreSQL the connection bounds (`core.store.libpq`), a sweeper's bound on lock
+    waits (`sweeper_lock_wait_ms`) and `role`'s name. The API
     app opens its store without naming a role, so "api" is the default. A SQLite store
     that does not exist is made only when `create` (for what migrates it)."""
     url = make_url(settings.database_url)
@@ -61,9 +67,30 @@ def create_db_engine(settings: Settings, role: ProcessRole = "api", *,
     engine = create_engine(named_for(with_bounds(url, settings.store_wait_seconds), role),
                            pool_size=8, max_overflow=16, pool_pre_ping=False,
                            use_native_hstore=False)
-    bound_idle_transactions(engine, settings.store_wait_seconds)
+    bounds_ms = {IDLE_IN_TRANSACTION: math.ceil(settings.store_wait_seconds * 1000)}
+    if role in _SWEEPING:
+        bounds_ms[LOCK_WAIT] = sweeper_lock_wait_ms(settings)
+    bound_session(engine, bounds_ms)
     event.listen(engine, "checkout", _not_closed_while_idle)
     return engine
+
+
+def sweeper_lock_wait_ms(settings: Settings) -> int:
+    """How long a sweeper's statement waits for a lock another transaction holds
+    (`lock_timeout`) before it fails with `55P03`: a quarter of the heartbeat interval.
+
+    A sweeper's own holds last milliseconds; a longer one is someone else's (an
+    operator's `SELECT ... FOR UPDATE`, a long migration), and waiting it out stalled
+    the whole process: the one stream thread's shared flush waited on the held row
+    holding every other task's row it had bumped, the lease keeper's renewals queued
+    behind those, and every attempt ended lost. With the bound the flush gives up, is
+    written task by task and only the held task's output waits
+    (`core.store.worker_writes.append_outputs`, `scheduler.stream_thread`); a renewal
+    of the held task fails and is tried at the next tick, the others' renew at most
+    this late, far inside the lease. API processes wait as before: a request is
+    bounded by `TASKWARD_STORE_WAIT_SECONDS`, and `taskward run`'s requests, on the
+    sweeper's connections, answer `503 store_unavailable` past this bound."""
+    return max(1, math.ceil(settings.heartbeat_seconds * 1000 / 4))
 
 
 def _not_closed_while_idle(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import select
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Engine, event
 from sqlalchemy.engine import URL
 
-_IDLE_IN_TRANSACTION = "idle_in_transaction_session_timeout"
+IDLE_IN_TRANSACTION = "idle_in_transaction_session_timeout"
+LOCK_WAIT = "lock_timeout"
 _FALLBACK_NAME = "fallback_application_name"
 
 
@@ -27,7 +29,7 @@ def with_bounds(url: URL, wait_seconds: float) -> URL:
     is slow but up keeps its connections: its kernel still acknowledges and answers
     keepalives. The listener and the API's own batch connections connect with the
     pool's parameters (`libpq_conninfo`), so they carry the same bounds. The bound on
-    idle transactions is set after connecting (`bound_idle_transactions`).
+    idle transactions is set after connecting (`bound_session`).
     """
     wait = max(2, math.ceil(wait_seconds))  # libpq's least connect_timeout is 2 s
     bounds = {
@@ -52,41 +54,47 @@ def named_for(url: URL, role: str) -> URL:
     return url.update_query_dict({_FALLBACK_NAME: f"taskward-{role}"})
 
 
-def bound_idle_transactions(engine: Engine, wait_seconds: float) -> None:
-    """Have the server end a session of the pool's left idle inside a transaction for
-    `wait_seconds` (`idle_in_transaction_session_timeout`), unless the URL's `options`
-    name that setting or the server's own bound for this session is stricter.
+def bound_session(engine: Engine, bounds_ms: Mapping[str, int]) -> None:
+    """Set each of `bounds_ms` (a server setting counted in ms, and our bound) on every
+    connection the pool makes, unless the URL's `options` name that setting or the
+    server's own value for this session is stricter.
 
-    A taskward process stopped or cut off in the middle of a transaction holds that
-    transaction's row locks for as long as the server keeps its session: lease expiry,
-    cancels and every other writer of those tasks would wait behind them. The server
-    ends such a session, rolling it back; taskward never leaves a transaction idle for
-    long, it only ever waits on the store inside one.
+    `idle_in_transaction_session_timeout` (`IDLE_IN_TRANSACTION`): a taskward process
+    stopped or cut off in the middle of a transaction holds that transaction's row locks
+    for as long as the server keeps its session: lease expiry, cancels and every other
+    writer of those tasks would wait behind them. The server ends such a session,
+    rolling it back; taskward never leaves a transaction idle for long, it only ever
+    waits on the store inside one. `lock_timeout` (`LOCK_WAIT`): see
+    `core.store.connect.sweeper_lock_wait_ms`.
 
     Set after connecting, not as a start-up option: an option outranks a DBA's
     `ALTER ROLE/DATABASE ... SET`, and a stricter bound of theirs was loosened. Here
     the server's value is kept when it is non-zero and at most ours; one round trip
-    per new connection. Only the pool's connections take it: the listener's and the
-    API's batch connections are in autocommit and never hold a transaction open."""
-    if _IDLE_IN_TRANSACTION in _folded_options(engine.url):
+    per new connection, whatever is set. Only the pool's connections take them: the
+    listener's and the API's batch connections are in autocommit and never hold a
+    transaction open."""
+    named = _folded_options(engine.url)
+    ours = {name: ms for name, ms in bounds_ms.items() if name not in named}
+    if not ours:
         return
-    bound = {"ms": math.ceil(wait_seconds * 1000)}
+    bounds = {"names": list(ours), "ms": list(ours.values())}
 
     @event.listens_for(engine, "connect")
     def _bound(dbapi_connection: Any, _record: Any) -> None:
         was = dbapi_connection.autocommit
         dbapi_connection.autocommit = True  # a SET in a transaction rolled back is undone
         try:
-            dbapi_connection.execute(_STRICTER_BOUND, bound)
+            dbapi_connection.execute(_STRICTER_BOUNDS, bounds)
         finally:
             dbapi_connection.autocommit = was
 
 
-# One statement: the server's own value (in ms) and ours compared where it lives.
-_STRICTER_BOUND = (
-    f"SELECT set_config(name, %(ms)s::text, false) FROM pg_settings "
-    f"WHERE name = '{_IDLE_IN_TRANSACTION}' "
-    f"AND (setting::bigint = 0 OR setting::bigint > %(ms)s)")
+# One statement for all of them: the server's own values (in ms) and ours compared
+# where they live.
+_STRICTER_BOUNDS = (
+    "SELECT set_config(s.name, ours.ms::text, false) FROM pg_settings AS s "
+    "JOIN unnest(%(names)s::text[], %(ms)s::bigint[]) AS ours(name, ms) "
+    "ON ours.name = s.name WHERE s.setting::bigint = 0 OR s.setting::bigint > ours.ms")
 
 
 def _folded_options(url: URL) -> str:

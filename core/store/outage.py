@@ -32,6 +32,10 @@ TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
 # `pg_terminate_backend` too; crash_shutdown; cannot_connect_now).
 _CONNECTION_EXCEPTION = "08"
 _SESSION_ENDED = ("57P01", "57P02", "57P03")
+# PostgreSQL's lock_not_available: a statement waited past `lock_timeout` for a row (or
+# a table) another transaction holds: an operator's `SELECT ... FOR UPDATE`, a long
+# migration. Nothing is down, and only what that transaction holds is out of reach.
+_LOCK_NOT_AVAILABLE = "55P03"
 
 # What an outage's SQLSTATE is logged with: PostgreSQL's condition, in fixed words,
 # for the codes an outage has; any other code by its class (its first two characters).
@@ -39,6 +43,7 @@ _SESSION_ENDED = ("57P01", "57P02", "57P03")
 _CONDITIONS = {
     "08006": "connection failure", _READ_ONLY: "read-only transaction",
     "25P03": "idle-in-transaction session timeout",
+    _LOCK_NOT_AVAILABLE: "lock not available, held by another transaction",
     _INSUFFICIENT_PRIVILEGE: "insufficient privilege",
     "53100": "disk full", "53200": "out of memory", "53300": "too many connections",
     "57014": "statement cancelled", "57P01": "session ended by an administrator",
@@ -129,13 +134,24 @@ def is_privilege_refused(exc: BaseException) -> bool:
             and getattr(exc.orig, "sqlstate", None) == _INSUFFICIENT_PRIVILEGE)
 
 
+def is_row_held(exc: BaseException) -> bool:
+    """Whether `exc` is a statement that gave up waiting for a row (or a table) another
+    transaction holds (`_LOCK_NOT_AVAILABLE`, past `lock_timeout`). psycopg raises it
+    as an `OperationalError`, so an API request meeting one is answered `503
+    store_unavailable` (try again: the hold passes); a worker tells it apart, as a
+    held row and not a store that is down (`outage_behind`)."""
+    return (isinstance(exc, DBAPIError)
+            and getattr(exc.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE)
+
+
 def outage_behind(exc: BaseException) -> BaseException | None:
     """`exc` when it is an outage, or the error it was raised from (`__cause__`, as a
     group write's failure carries its write's error) when that is; else None. Not an
     error it was raised while handling: a bug met while handling an outage keeps its
-    traceback."""
-    return next((seen for seen in error_chain(exc, handled=False) if is_store_outage(seen)),
-                None)
+    traceback. Nor a held row (`is_row_held`): the store is up, and the line that says
+    it is unavailable sent an operator to check a server that was fine."""
+    return next((seen for seen in error_chain(exc, handled=False)
+                 if is_store_outage(seen) and not is_row_held(seen)), None)
 
 
 def outage_cause(cause: BaseException) -> str:

@@ -15,12 +15,14 @@ from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Row, func, select, update
+from sqlalchemy.exc import DBAPIError
 
 from core.clock import iso
 from core.engines.base import Usage
 from core.errors import CancelRequested, LeaseLost
 from core.states import ERROR_MESSAGE_CHARS, OnRestart, Status, spent_by
 from core.store.database import Database
+from core.store.outage import is_row_held
 from core.store.output_flush import add_outputs as add_outputs  # also the completion's
 from core.store.output_flush import append_events
 from core.store.redo_dropped import NOT_LANDED, Answer, Landed, Landing, write_through_drops
@@ -160,9 +162,54 @@ def append_outputs(db: Database, writes: Sequence[OutputWrite]) -> list[Exceptio
     written, the others are). A worker's attempts whose flushes fall due together
     share the commit, the larger part of a flush's cost (`scheduler.stream_thread`).
     After a dropped connection the writes that did not land are written again, when
-    each can tell (`_output_landed`)."""
+    each can tell (`_output_landed`).
+
+    A transaction that met a row another transaction holds past the process's bound
+    (`is_row_held`: PostgreSQL's `lock_timeout`, `core.store.connect`) is written
+    again task by task (`append_alone`), so that only the writes of held tasks fail,
+    each answered with the held row's error; the others land."""
+    try:
+        return _written_through_drops(db, writes)
+    except DBAPIError as exc:
+        if not is_row_held(exc):
+            raise
+        if len(writes) == 1:
+            return [exc]
+        return [append_alone(db, write) for write in writes]
+
+
+# How long a flush written alone (`append_alone`) waits for a row another transaction
+# holds (PostgreSQL's `lock_timeout`, for that transaction). Long enough for the
+# task's own renewal, which holds its row for a commit; short, as the thread that
+# writes the flushes of every stream of the process waits it out for all of them.
+ALONE_LOCK_WAIT_MS = 100
+
+
+def wait_briefly(conn: Connection, lock_wait_ms: int = ALONE_LOCK_WAIT_MS) -> None:
+    """Bound how long `conn`'s transaction waits for a row another transaction holds
+    (PostgreSQL's `lock_timeout`; SQLite has no row locks): a write tried apart from
+    others because a held row refused it (`append_alone`, a completion's)."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(lock_wait_ms)}")
+
+
+def append_alone(db: Database, write: OutputWrite) -> Exception | None:
+    """One attempt's flush in a transaction of its own that waits at most
+    `ALONE_LOCK_WAIT_MS` for a row another transaction holds: None once written, or
+    why not, answered rather than raised: its fence (`fenced`), the held row
+    (`is_row_held`) or any other error of the store's."""
+    try:
+        [answer] = _written_through_drops(db, [write], lock_wait_ms=ALONE_LOCK_WAIT_MS)
+    except DBAPIError as exc:
+        return exc
+    return answer
+
+
+def _written_through_drops(db: Database, writes: Sequence[OutputWrite], *,
+                           lock_wait_ms: int | None = None) -> list[Exception | None]:
     told = all(write.output_chars is not None and write.text for write in writes)
-    return write_through_drops(db, writes, partial(_append_outputs, db),
+    return write_through_drops(db, writes,
+                               partial(_append_outputs, db, lock_wait_ms),
                                _output_landed if told else None)
 
 
@@ -182,9 +229,12 @@ def _output_landed(conn: Connection, write: OutputWrite) -> Answer | Landing:
     return fenced(conn, write.task_id, write.owner)
 
 
-def _append_outputs(db: Database, writes: Sequence[OutputWrite]) -> list[Answer]:
+def _append_outputs(db: Database, lock_wait_ms: int | None,
+                    writes: Sequence[OutputWrite]) -> list[Answer]:
     failures: list[Answer] = []
     with db.write_events() as conn:  # a fenced write logs nothing, so wakes nobody
+        if lock_wait_ms is not None:
+            wait_briefly(conn, lock_wait_ms)
         now = db.clock.now_ms()
         outputs: list[tuple[str, str, Usage | None]] = []
         for write in writes:
