@@ -34,7 +34,7 @@ from core.store.births import (
 )
 from core.store.database import Database
 from core.store.idempotency_records import key_record, record_keys, stored_answer
-from core.store.outage import is_connection_lost
+from core.store.outage import is_connection_dropped
 from core.store.pg_async import AutocommitConnections
 from core.store.redo_dropped import NOT_LANDED, Landing, write_through_drops
 from core.store.tasks import current_response, response_in, task_in
@@ -183,7 +183,7 @@ def enqueue_many(
     request of a batch that fails as a whole (an unknown model, a deadlock victim on
     PostgreSQL). The caller then runs `enqueue` for each None after the commit, so
     replays, dedupe hits and refusals keep their one code path. A batch of births
-    alone whose connection was lost may have committed: what landed is read back
+    alone whose connection was lost once made may have committed: what landed is read back
     (`_born_after_drop`), and a store still away raises its drop.
     """
     if births_alone(db, batch):
@@ -191,7 +191,7 @@ def enqueue_many(
         try:
             return _born(db, births)
         except Exception as exc:
-            if not is_connection_lost(exc):  # nothing of it was stored: each request alone
+            if not is_connection_dropped(exc):  # nothing of it was stored: each alone
                 return [None] * len(batch)
         return _born_after_drop(db, births)
     try:
@@ -216,14 +216,16 @@ async def enqueue_many_async(
     """`enqueue_many` for a batch `births_alone` admits, on the event loop
     (`core.store.pg_async`): its one statement commits by itself. A request left None
     (a dedupe key or idempotency key held; every request of a batch that failed) is
-    the caller's to `enqueue`, as with `enqueue_many`. A lost connection raises
-    `BirthsInDoubt`: the statement may have committed."""
+    the caller's to `enqueue`, as with `enqueue_many`. A connection lost once made raises
+    `BirthsInDoubt`: the statement may have committed. One that could not be made (the
+    store is down) sent nothing, and its requests fail alone at once, not after the
+    tries of a read of what landed."""
     births = _alone(db, batch, idempotency_ttl_ms)
     try:
         return _answered(births.ready, await insert_rows_alone_async(
             db, connections, births.rows, births.now, births.records))
     except Exception as exc:
-        if is_connection_lost(exc):
+        if is_connection_dropped(exc):
             raise BirthsInDoubt(db, births) from exc
         return [None] * len(batch)  # nothing of it was stored: each request is tried alone
 
