@@ -13,7 +13,7 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +51,12 @@ class FileDigest:
     size: int
 
 
-def file_digest(path: Path) -> FileDigest:
+Progress = Callable[[int, int], None]
+"""Told (bytes hashed so far, bytes to hash) after each chunk: lets a command show how far
+a multi-gigabyte hash has got, without this module printing anything."""
+
+
+def file_digest(path: Path, progress: Progress | None = None) -> FileDigest:
     """Digest and size of the regular file at `path`, read through one open descriptor.
 
     Whatever sits at `path` (a vanished file, a directory, a FIFO swapped in, a link
@@ -71,7 +76,7 @@ def file_digest(path: Path) -> FileDigest:
     kernel sets, and a replaced file has another inode: either way it is hashed again.
     """
     with _regular_file(path) as fd:
-        return _descriptor_digest(fd, path)[1]
+        return _descriptor_digest(fd, path, progress)[1]
 
 
 @contextmanager
@@ -126,7 +131,8 @@ def check_gguf_layout(path: Path, named: str | Path) -> None:
                            f"can load: {problem}", extra={"field": "path"})
 
 
-def _descriptor_digest(fd: int, path: Path) -> tuple[_Identity, FileDigest]:
+def _descriptor_digest(fd: int, path: Path,
+                       progress: Progress | None = None) -> tuple[_Identity, FileDigest]:
     """The identity and digest of the file open at `fd` (`file_digest`'s rules)."""
     try:
         st = os.fstat(fd)
@@ -134,7 +140,7 @@ def _descriptor_digest(fd: int, path: Path) -> tuple[_Identity, FileDigest]:
         with _digests_lock:
             cached = _digests.get(key)
         if cached is None:
-            cached = _hash_descriptor(fd, st.st_size)
+            cached = _hash_descriptor(fd, st.st_size, progress)
             if cached is None or _identity(os.fstat(fd)) != key:
                 raise _changed(path)
             with _digests_lock:
@@ -157,7 +163,7 @@ def _identity(st: os.stat_result) -> _Identity:
     return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
 
 
-def _hash_descriptor(fd: int, size: int) -> str | None:
+def _hash_descriptor(fd: int, size: int, progress: Progress | None = None) -> str | None:
     """The SHA-256 of the first `size` bytes (the size the caller's `fstat` recorded) and
     no byte past them; None when the file ends before them (it shrank meanwhile)."""
     digest = hashlib.sha256()
@@ -169,6 +175,8 @@ def _hash_descriptor(fd: int, size: int) -> str | None:
                 return None
             digest.update(chunk)
             left -= len(chunk)
+            if progress is not None:
+                progress(size - left, size)
     return digest.hexdigest()
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from litestar import Litestar
 
 from core.engines.registry import import_engine_modules
+from core.errors import DomainError
 from core.model_files import DEFAULT_ENGINE, DEFAULT_MODEL_ID, install_default_model
 from core.models_registry import register
 from core.settings import Settings, load_settings
@@ -79,7 +80,18 @@ def _register_default_model(db: Database, settings: Settings) -> str | None:
     `taskward models add` of the same file."""
     if list_models(db):
         return None
-    path = install_default_model(settings.models_dir)
+    try:
+        path = install_default_model(settings.models_dir)
+    except OSError as exc:
+        # A read-only mount or another owner's directory: without this the start ended
+        # in a traceback, and every restart alike, with nothing saying what to change.
+        raise DomainError(
+            "models_dir_unwritable",
+            f"cannot install the default model into TASKWARD_MODELS_DIR "
+            f"{str(settings.models_dir)!r} ({exc.strerror or type(exc).__name__}); make "
+            "that directory writable by this user, or point TASKWARD_MODELS_DIR at one "
+            "that is, or register a model first with `taskward models add`",
+        ) from None
     register(db, settings.models_dir, path, model_id=DEFAULT_MODEL_ID, engine=DEFAULT_ENGINE)
     return DEFAULT_MODEL_ID
 

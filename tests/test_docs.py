@@ -122,6 +122,7 @@ UNANSWERED_CODES = {
     "lease_lost", "cancel_requested",  # a worker's own fenced writes
     "forbidden_transition",  # a move the state machine lacks: a fault of the caller's code
     "default_model_missing", "engine_module_missing",  # a process's start-up (the CLI)
+    "models_dir_unwritable",  # `taskward run`'s start-up, before it serves
     "invalid_catch_up",  # `core.cron`'s guard: bodies bound `catch_up` first
     "login_required",  # a console page answers it with a 303 to the login form
 }

@@ -4,7 +4,8 @@ as the other operator commands do (`infra.cli.operator` says how)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -19,6 +20,7 @@ from core.clients import (
     pairing_code_object,
     parse_scopes,
 )
+from core.errors import InvalidInput, NotFound
 from core.quotas import LIMIT_NAMES, Limits
 from core.settings import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PER_SECOND_BOUND
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke, set_limits
@@ -36,6 +38,22 @@ class _Rate(click.FloatRange):
         if math.isnan(rate):
             self.fail("is not a number", param, ctx)
         return rate
+
+
+class _ScopeList(click.ParamType):
+    """Comma-separated scope names, parsed by `core.clients.parse_scopes` (`scopes[i]` in
+    its message is the i-th name of the list, counted from 0)."""
+
+    name = "scopes"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> frozenset[str]:
+        if isinstance(value, frozenset):  # a default, already parsed
+            return value
+        try:
+            return parse_scopes(str(value).split(","))
+        except InvalidInput as exc:
+            self.fail(f"{exc.code}: {exc.message}", param, ctx)
 
 
 def _client_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -63,7 +81,7 @@ def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
 
 @click.command()
 @click.option("--admin", is_flag=True, help="Grant the admin scope (everything).")
-@click.option("--scopes", default=None, metavar="S,S",
+@click.option("--scopes", default=None, metavar="S,S", type=_ScopeList(),
               help="Comma-separated scopes (default: " + ",".join(sorted(DEFAULT_SCOPES)) + ").")
 @click.option("--name", default=None, callback=_client_name,
               help="The client's name: 1..200 characters, no control characters.")
@@ -71,15 +89,14 @@ def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
               help="Create the client now and print its token instead of a pairing code.")
 @_limit_options
 @JSON_OPTION
-def pair(admin: bool, scopes: str | None, name: str | None, direct: bool, as_json: bool,
+def pair(admin: bool, scopes: frozenset[str] | None, name: str | None, direct: bool, as_json: bool,
          max_active_tasks: int | None, requests_per_second: float | None,
          max_streams: int | None) -> None:
     """A one-time pairing code for a new client (`POST /v1/pair`), or a token at once.
     Limits not given are the settings' defaults."""
     limits = Limits(max_active_tasks, requests_per_second, max_streams)
     with store() as (settings, db):
-        granted = frozenset({ADMIN}) if admin else (
-            parse_scopes(scopes.split(",")) if scopes is not None else DEFAULT_SCOPES)
+        granted = frozenset({ADMIN}) if admin else (scopes or DEFAULT_SCOPES)
         if direct:
             issued = create_client(db, name=name or ("admin" if admin else DEFAULT_CLIENT_NAME),
                                    scopes=granted, limits=limits)
@@ -149,7 +166,7 @@ def clients_set(client_id: str, max_active_tasks: int | None, requests_per_secon
         raise click.UsageError(f"--{name.replace('_', '-')} and --default {name} "
                                "contradict each other: give one of them")
     changes.update(dict.fromkeys(defaults))
-    with store() as (_, db):
+    with store() as (_, db), _client_named():
         row = set_limits(db, client_id, changes)
     emit(client_object(row), as_json=as_json)
 
@@ -158,9 +175,21 @@ def clients_set(client_id: str, max_active_tasks: int | None, requests_per_secon
 @click.argument("client_id")
 def clients_revoke(client_id: str) -> None:
     """Refuse the client's token from now on."""
-    with store() as (_, db):
+    with store() as (_, db), _client_named():
         revoke(db, client_id)
     click.echo(f"revoked {client_id}")
+
+
+@contextmanager
+def _client_named() -> Iterator[None]:
+    """`client_not_found` told with where the ids are listed."""
+    try:
+        yield
+    except NotFound as exc:
+        if exc.code != "client_not_found":
+            raise
+        raise click.ClickException(
+            f"{exc.code}: {exc.message}; `taskward clients list` shows the ids") from None
 
 
 COMMANDS: list[click.Command] = [pair, pairing_codes, clients]

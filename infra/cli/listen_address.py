@@ -75,8 +75,14 @@ def ensure_free(host: str, port: int) -> int:
         return int(probe.getsockname()[1])
 
 
+def url_authority(host: str, port: int) -> str:
+    """`host:port` as a URL writes it: an IPv6 address in brackets (`[::1]:8000`), or
+    `http://::1:8000` would be no URL a browser or curl takes."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _refusal(host: str, port: int, exc: OSError) -> str:
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    where = url_authority(host, port)
     if exc.errno == errno.EADDRINUSE:
         return (f"{where} is already in use (another taskward or another program listens "
                 "there); stop it or choose another --port")

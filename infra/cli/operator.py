@@ -9,14 +9,22 @@ that remove print one line and take no `--json` (docs/cli.md lists which).
 from __future__ import annotations
 
 import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
-from core.model_files import DEFAULT_ENGINE
+from core.engines.registry import is_known_engine
+from core.errors import InvalidInput
+from core.model_files import DEFAULT_ENGINE, file_digest, resolve_inside
 from core.models_registry import (
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_TIMEOUT_SECONDS,
+    MAX_CONCURRENCY_LIMIT,
+    UPSTREAM_ENGINE,
     register,
     register_upstream,
 )
@@ -38,9 +46,42 @@ def models() -> None:
     """The model registry (files stay on disk)."""
 
 
+# A hash shorter than this stays silent: most files are hashed in well under it.
+_SILENT_HASH_SECONDS = 2.0
+
+
+class _HashProgress:
+    """`hashing FILE: n/N GB` on standard error once a hash has taken longer than
+    `_SILENT_HASH_SECONDS` (a 40 GB model is minutes of an otherwise silent command);
+    rewritten in place on a terminal, a line every few seconds into a log. Standard
+    output, the table or the `--json` document, is untouched."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.started = time.monotonic()
+        self.shown_at: float | None = None
+        self.on_terminal = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        pause = 0.2 if self.on_terminal else 5.0
+        if now - self.started < _SILENT_HASH_SECONDS or (
+                self.shown_at is not None and now - self.shown_at < pause and done < total):
+            return
+        if self.shown_at is None and done == total:
+            return  # finished before it was ever shown: nothing to end
+        self.shown_at = now
+        line = f"hashing {self.name}: {done / 1e9:.1f}/{total / 1e9:.1f} GB"
+        if self.on_terminal:
+            click.echo(f"\r{line}", err=True, nl=done == total)
+        else:
+            click.echo(line, err=True)
+
+
 @models.command("add")
 @click.argument("path")
-@click.option("--id", "model_id", default=None, help="Default: the file name without extension.")
+@click.option("--id", "model_id", default=None,
+              help="Default: the file name without extension.")
 @click.option("--engine", default=DEFAULT_ENGINE, show_default=True)
 @JSON_OPTION
 def models_add(path: str, model_id: str | None, engine: str, as_json: bool) -> None:
@@ -49,8 +90,27 @@ def models_add(path: str, model_id: str | None, engine: str, as_json: bool) -> N
     # registry then refuses it in one line like any other unreadable path.
     located = Path(path).absolute() if os.path.exists(path) else Path(path)
     with store() as (settings, db):
-        row = register(db, settings.models_dir, located, model_id=model_id, engine=engine)
+        with _outside_named(settings.models_dir):
+            if engine != UPSTREAM_ENGINE and is_known_engine(engine):
+                # Hashed here to show progress; `register`'s own digest of the same
+                # unchanged file then comes from the process's digest cache.
+                file_digest(resolve_inside(settings.models_dir, located), _HashProgress(path))
+            row = register(db, settings.models_dir, located, model_id=model_id, engine=engine)
     emit(model_object(row), as_json=as_json)
+
+
+@contextmanager
+def _outside_named(models_dir: Path) -> Iterator[None]:
+    """`model_path_outside_models_dir` told with the directory it must be in (the
+    operator's own, unlike an API client's) and what to do about it."""
+    try:
+        yield
+    except InvalidInput as exc:
+        if exc.code != "model_path_outside_models_dir":
+            raise
+        raise click.ClickException(
+            f"{exc.code}: {exc.message}; copy (or move) the file into the models directory "
+            f"{str(models_dir)!r} (TASKWARD_MODELS_DIR) and add it from there") from None
 
 
 @models.command("add-upstream")
@@ -62,7 +122,8 @@ def models_add(path: str, model_id: str | None, engine: str, as_json: bool) -> N
 @click.option("--api-key-env", default=None, metavar="VAR",
               help="The environment variable that holds the upstream's bearer key.")
 @click.option("--max-concurrency", default=DEFAULT_MAX_CONCURRENCY, show_default=True,
-              type=int, help="Attempts in flight across all sweepers (1..4096).")
+              type=click.IntRange(1, MAX_CONCURRENCY_LIMIT),
+              help="Attempts in flight across all sweepers.")
 @click.option("--timeout-seconds", default=DEFAULT_TIMEOUT_SECONDS, show_default=True,
               type=float, help="Connect and read timeout of each upstream request.")
 @JSON_OPTION

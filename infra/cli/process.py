@@ -17,15 +17,14 @@ from contextlib import ExitStack, contextmanager
 
 import click
 
-from core.cron import parse_cron
 from core.engines.registry import import_engine_modules
-from core.errors import InvalidInput
 from core.settings import Settings, load_settings
 from core.store.recovery import SweepersAlive, sweeping
 from core.store.recovery import recover as recover_tasks
 from infra.cli import collector_paused
 from infra.cli.context import JSON_OPTION, database, domain_errors, emit, privileges_named
-from infra.cli.listen_address import ensure_free, listen_options
+from infra.cli.listen_address import ensure_free, listen_options, url_authority
+from infra.cli.option_types import CronExpression
 from infra.migrate import upgrade
 from infra.stop_signals import stop_then_hurry, wait_for
 
@@ -38,22 +37,6 @@ log = logging.getLogger(__name__)
 # drain of 5,000 no-op tasks per process went ~40 -> ~4 ms (issue 15). Memory held by
 # garbage cycles waits a little longer; nothing else changes.
 _SWEEPER_YOUNG_THRESHOLD = 20_000
-
-
-class _Cron(click.ParamType):
-    """A cron expression as `TASKWARD_SWEEP_SCHEDULE` takes it (`core.cron`). Checked as
-    the option's value: a bad one is a usage error naming the option (exit 2), not a
-    configuration error blamed on the variable it overrides."""
-
-    name = "cron"
-
-    def convert(self, value: object, param: click.Parameter | None,
-                ctx: click.Context | None) -> str:
-        try:
-            parse_cron(str(value))
-        except InvalidInput as exc:
-            self.fail(exc.message, param, ctx)
-        return str(value)
 
 
 @click.command()
@@ -96,7 +79,7 @@ def sweep(as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--schedule", metavar="CRON", type=_Cron(),
+@click.option("--schedule", metavar="CRON", type=CronExpression(),
               help="Maintenance passes (overrides TASKWARD_SWEEP_SCHEDULE).")
 def sweeper(schedule: str | None) -> None:
     """Long-running sweeper: continuous claiming, maintenance on a cron schedule."""
@@ -143,7 +126,8 @@ def run(host: str, port: int) -> None:
     if prepared.admin_code:
         click.echo(f"admin pairing code (one use, expires in "
                    f"{settings.pairing_code_ttl_seconds:.0f}s): {prepared.admin_code}")
-    click.echo(f"serving on http://{host}:{port} with the sweeper (Ctrl-C stops both)")
+    click.echo(f"serving on http://{url_authority(host, port)} with the sweeper "
+               "(Ctrl-C stops both)")
     # Held here, in granian's main process: its worker, where the sweeper loop runs, is
     # forked with the lock's descriptor, so the sign lasts while either of them lives.
     with database(settings, check=False, role="run") as db, sweeping(db):

@@ -31,6 +31,7 @@ from core.store.clients import list_clients
 from core.store.database import Database
 from core.store.schedules import delete_schedule
 from infra.cli.context import JSON_OPTION, emit, store
+from infra.cli.option_types import CronExpression
 
 _COLUMNS = ("id", "cron", "catch_up", "next_run_at", "client_id")
 
@@ -64,7 +65,8 @@ def schedules_list(client_id: str | None, limit: int, after: str | None, as_json
 
 
 @schedules.command("add")
-@click.option("--cron", required=True, help='5 fields in UTC, e.g. "30 7 * * 1-5".')
+@click.option("--cron", required=True, type=CronExpression(),
+              help='5 fields in UTC, e.g. "30 7 * * 1-5".')
 @click.option("--request", "request_text", default=None, metavar="JSON",
               help="A POST /v1/responses body (without run_at).")
 @click.option("--request-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),

@@ -51,9 +51,9 @@ def test_sha256_of_hashes_an_unchanged_file_once(
     hashed: list[int] = []
     real_hash = model_files._hash_descriptor
 
-    def counted(fd: int, size: int) -> str | None:
+    def counted(fd: int, size: int, progress: model_files.Progress | None = None) -> str | None:
         hashed.append(fd)
-        return real_hash(fd, size)
+        return real_hash(fd, size, progress)
 
     monkeypatch.setattr(model_files, "_hash_descriptor", counted)
     assert sha256_of(path) == sha256_of(path) == hashlib.sha256(b"first content").hexdigest()
