@@ -20,7 +20,8 @@ read only to parse and forward, it waits for what ends the request (the end, a
 status, an error, a stop) and decides what follows (fail over, or finish). A stop is
 seen by the relay after a read, or while the upstream is silent by the transport's
 one watch timer (`transport.WATCH_SECONDS`), so the engine thread sleeps through a
-request that waits in the upstream's queue instead of waking to look.
+request that waits in the upstream's queue instead of waking to look. The same timer
+ends, as timed out, a stream that keeps sending without tokens (`_Read.stalled`).
 
 An upstream may send faster than the attempt's runner can store (a broken or hostile
 one, at megabytes a second). Two things keep that from taking the process's memory and
@@ -172,23 +173,38 @@ class _Read:
     whether the server said it finished.
 
     Nothing but the server itself ends its text, so a broken one could have the task
-    store without end: text after its `finish_reason`, or past the task's
-    `max_output_tokens` (asked for as `max_tokens`; a text delta holds at least one
-    token, so text arriving once the limit's count is reached is past it). Either cuts
-    the read there, as finished, without that text (`cut`: the relay closes it).
+    store without end: text past the task's `max_output_tokens` (asked for as
+    `max_tokens`; a text delta holds at least one token, so text arriving once the
+    limit's count is reached is past it) cuts the read there, as finished, without that
+    text (`cut`: the relay closes it). Text after the server's own `finish_reason` is
+    not the answer's either, and is dropped; the read goes on for the usage that
+    follows the finish (cut there, the task showed no prompt tokens).
 
     A finished answer is complete whatever its stream does next: the usage after the
     finish is all that is still read (`settled` once it came), and a stream that
-    neither reports it nor ends soon after is not waited for (`lingers`)."""
+    neither reports it nor ends soon after is not waited for (`lingers`). An answer
+    not finished has its server generating: a stream that brings no tokens for the
+    entry's timeout (`stalled`) is as silent as one that brings no bytes, however many
+    empty events or keep-alives it sends.
 
-    def __init__(self, progress: _Progress, url: str, limit: int | None) -> None:
+    The prompt's size (`input_tokens`) is the original prompt's as its server reported
+    it. A continuation's server counts the text it continues as prompt: that is output
+    (counted as such already), so the continuation's prompt count stands for the
+    original prompt's, less the text so far, only when none was reported before it."""
+
+    def __init__(self, progress: _Progress, url: str, limit: int | None,
+                 quiet_seconds: float) -> None:
         self.progress = progress
         self.url = url
         self.limit = limit
+        self.quiet_seconds = quiet_seconds
         self.echo = protocol.EchoStrip(progress.text)
         self.earlier_tokens = progress.output_tokens
+        self.counts_prompt = not (progress.input_tokens and self.earlier_tokens)
         self.finished = False
         self.finished_at = 0.0  # time.monotonic() when the finish came
+        # When the server last generated, or began to answer; None until it did.
+        self.heard_at: float | None = None
         self.settled = False  # finished, and a usage came with the finish or after it
         self.cut = False
 
@@ -204,24 +220,26 @@ class _Read:
             except EngineError as exc:
                 error = exc
                 break
-            if piece.text and (self.finished or (self.limit is not None
-                                                 and progress.output_tokens >= self.limit)):
+            if piece.generated:
+                self.heard()
+            delta = "" if self.finished else piece.text
+            if delta and self.limit is not None and progress.output_tokens >= self.limit:
                 text += self.echo.flush()
                 self._finish()
                 self.cut = True
                 break
-            if piece.prompt_tokens is not None and not self.earlier_tokens:
-                progress.input_tokens = piece.prompt_tokens
+            if piece.prompt_tokens is not None and self.counts_prompt:
+                progress.input_tokens = max(0, piece.prompt_tokens - self.earlier_tokens)
                 counted = True
             if piece.completion_tokens is not None:
                 # Never below the deltas seen: a server reporting 0 in every chunk
                 # would otherwise stream past `max_output_tokens` unchecked.
-                progress.count(max(progress.output_tokens + bool(piece.text),
+                progress.count(max(progress.output_tokens + bool(delta),
                                    self.earlier_tokens + piece.completion_tokens))
                 counted = True
-            elif piece.text:
+            elif delta:
                 progress.count(progress.output_tokens + 1)  # one token per delta, mostly
-            text += self.echo.push(piece.text)
+            text += self.echo.push(delta)
             if piece.finished:
                 text += self.echo.flush()
                 self._finish()
@@ -234,10 +252,28 @@ class _Read:
         if not self.finished:
             self.finished, self.finished_at = True, time.monotonic()
 
+    def heard(self) -> None:
+        """The server is generating (or began to answer, or, after the stream was held
+        back, may generate again)."""
+        self.heard_at = time.monotonic()
+
     def lingers(self) -> bool:
         """Whether the answer finished over `_TAIL_SECONDS` ago and its stream is still
         open: what it might still send is at most a usage, not worth the wait."""
         return self.finished and time.monotonic() - self.finished_at > _TAIL_SECONDS
+
+    def stalled(self) -> bool:
+        """Whether the answer is not finished and no tokens came for `quiet_seconds`
+        (since the answer's head, the first time): what the client's read timeout says
+        of a silent stream, said of one that sends only events without tokens. Before
+        the head, the client's own timeouts bound the connection and the wait."""
+        return (not self.finished and self.heard_at is not None
+                and time.monotonic() - self.heard_at > self.quiet_seconds)
+
+
+class _Stalled(httpx.ReadTimeout):
+    """A stream that sent no tokens for the entry's timeout (`_Read.stalled`): a read
+    timeout, told apart in its message because bytes did come."""
 
 
 # The relay ended the request: `should_stop` was true (after a read, or watching), or
@@ -252,7 +288,8 @@ class _Relay:
     returns nothing more is handed on and `read` is the engine thread's again. `room`
     is the transport's question after each read (`core.engines.base.Room`): the answer of an
     `emit` that can hold back, else always yes; so is `complete` (the answer finished and
-    its usage came: the stream ends there, as at `[DONE]`). The first thing the server
+    its usage came: the stream ends there, as at `[DONE]`), and `opened` (a 200 head
+    came: the stall watch starts, `_Read.stalled`). The first thing the server
     sends (a read, a status, the end) is `answered`: a probe of a URL out of cool-down
     has succeeded, and the router lets other attempts use the URL at once, not after
     this one ends."""
@@ -269,12 +306,22 @@ class _Relay:
         self._should_stop = should_stop
         self._lock = threading.Lock()
         self._closed = False
+        self._held = False  # `room` said no, and no read came since
 
     def room(self, wake: Callable[[], None]) -> bool:
-        return self._holds is None or self._closed or self._holds.room(wake)
+        """While it says no, the stream reads nothing: time that is this side's, not the
+        server's silence, so the stall watch pauses (`_held`) until the next read."""
+        if self._holds is None or self._closed or self._holds.room(wake):
+            return True
+        self._held = True
+        return False
 
     def complete(self) -> bool:
         return self._read.settled
+
+    def opened(self) -> None:
+        with self._lock:
+            self._read.heard()
 
     def put(self, item: Any) -> None:
         with self._lock:
@@ -287,6 +334,9 @@ class _Relay:
             if not isinstance(item, list):  # END, a status, a transport failure
                 self._control.put(item)
                 return
+            if self._held:  # reading again: the server's time counts from here
+                self._held = False
+                self._read.heard()
             chunk, error = self._read.absorb(item)
             if chunk is not None:
                 self._emit(chunk)
@@ -296,10 +346,15 @@ class _Relay:
     def watch(self) -> None:
         """The transport's timer, between reads: a stop asked for while the upstream
         sends nothing ends the request too, and so does a finished answer's stream that
-        lingers (`_Read.lingers`)."""
+        lingers (`_Read.lingers`). One that stalled (`_Read.stalled`) ends as timed out,
+        unless this side holds it back."""
         with self._lock:
-            if not self._closed and (self._should_stop() or self._read.lingers()):
+            if self._closed:
+                return
+            if self._should_stop() or self._read.lingers():
                 self._end(_STOPPED)
+            elif not self._held and self._read.stalled():
+                self._end(_Stalled(f"no tokens for {self._read.quiet_seconds:g} s"))
 
     def _end(self, why: Any) -> None:
         """Under the lock: nothing more is handed on, and the engine thread hears why."""
@@ -411,7 +466,7 @@ class UpstreamLoaded:
             return
         body = protocol.chat_body(self._entry.model, request, prefix=progress.text,
                                   max_tokens=left)
-        read = _Read(progress, url, limit)
+        read = _Read(progress, url, limit, self._entry.timeout_seconds)
         yield from self._request(url, body, headers, read, should_stop, emit)
         if should_stop():
             return
@@ -440,7 +495,7 @@ class UpstreamLoaded:
         stream = transport.open_stream(f"{url}/chat/completions", body, headers, timeout, relay,
                                        max_connections=self._options.upstream_concurrency,
                                        watch=relay.watch, room=relay.room,
-                                       complete=relay.complete)
+                                       complete=relay.complete, opened=relay.opened)
         ended = False  # the stream's END: the transport finishes its connection itself
         try:
             while True:
@@ -521,6 +576,8 @@ def _describe(error: httpx.TransportError) -> str:
         if any(isinstance(cause, ssl.SSLError) for cause in chain):
             return "TLS handshake failed"
         return "connection failed"
+    if isinstance(error, _Stalled):
+        return str(error)
     if isinstance(error, httpx.TimeoutException):
         if any(isinstance(cause, TlsHandshakeTimedOut) for cause in causes(error)):
             return "TLS handshake timed out"

@@ -30,6 +30,12 @@ _NOT_READY_STATUSES = frozenset({502, 503, 504})
 _MAX_RETRY_AFTER_SECONDS = 3600.0  # a floor for the backoff, not a way to park tasks
 MAX_TOKENS = 2**31 - 1  # what the store's token counts hold (INTEGER on PostgreSQL)
 _COUNT_DIGITS = len(str(MAX_TOKENS))
+# How a delta calls a tool (`function_call`: the form before `tool_calls`), each also
+# the `finish_reason` that says the answer did.
+_TOOL_CALL_FIELDS = ("tool_calls", "function_call")
+# Where a delta carries a reasoning model's thinking: llama-server's name for it, and
+# the one other servers use.
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 def chat_body(
@@ -58,17 +64,27 @@ def chat_body(
 
 @dataclass(frozen=True)
 class Piece:
-    """What one chunk carries: text, whether generation finished, usage if reported."""
+    """What one chunk carries: text, whether generation finished, usage if reported, and
+    whether it carried a reasoning model's thinking (`reasoned`), which taskward does
+    not store but which shows the server generating all the same (`generated`)."""
 
     text: str = ""
     finished: bool = False
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    reasoned: bool = False
 
     @property
     def reported(self) -> bool:
         """Whether it reported usage (a count a store column holds)."""
         return self.prompt_tokens is not None or self.completion_tokens is not None
+
+    @property
+    def generated(self) -> bool:
+        """Whether it shows generation going on: an event without tokens (`data: {}`, an
+        empty delta, a role alone) may come as often as a server likes and says nothing
+        of whether it still generates."""
+        return bool(self.text) or self.reasoned
 
 
 def payload(data: bytes) -> Any:
@@ -92,7 +108,8 @@ def _integer(digits: str) -> int | float:
 
 
 def parse_chunk(chunk: Any, url: str) -> Piece:
-    """One `data:` payload; an in-stream error object is an `EngineError`.
+    """One `data:` payload; an in-stream error object, or a tool call (`tool_call`), is
+    an `EngineError`.
 
     Finished means a non-empty `finish_reason` string: some servers send `""` (or
     `false`) in every chunk that goes on, and counted as finished it cut their text
@@ -106,19 +123,28 @@ def parse_chunk(chunk: Any, url: str) -> Piece:
             raise EngineError(REJECTED, f"upstream {url} refused the request in its stream "
                               f"(status {status})", retryable=False)
         raise stream_broken(url)
-    text, finished = "", False
+    text, finished, reasoned = "", False, False
     choice = _asked_choice(chunk.get("choices"))
     if choice is not None:
-        delta = choice.get("delta") or {}
-        content = delta.get("content") if isinstance(delta, dict) else None
-        text = storable(content) if isinstance(content, str) else ""
+        delta = choice.get("delta")
+        delta = delta if isinstance(delta, dict) else {}
         reason = choice.get("finish_reason")
-        finished = isinstance(reason, str) and reason != ""
+        finished = _nonempty_str(reason)
+        if (finished and reason in _TOOL_CALL_FIELDS
+                or any(delta.get(name) for name in _TOOL_CALL_FIELDS)):
+            raise tool_call(url)
+        content = delta.get("content")
+        text = storable(content) if isinstance(content, str) else ""
+        reasoned = any(_nonempty_str(delta.get(name)) for name in _REASONING_FIELDS)
     usage = chunk.get("usage")
     if isinstance(usage, dict):
         return Piece(text, finished, _count(usage.get("prompt_tokens")),
-                     _count(usage.get("completion_tokens")))
-    return Piece(text, finished)
+                     _count(usage.get("completion_tokens")), reasoned)
+    return Piece(text, finished, reasoned=reasoned)
+
+
+def _nonempty_str(value: Any) -> bool:
+    return isinstance(value, str) and value != ""
 
 
 def _asked_choice(choices: Any) -> dict[str, Any] | None:
@@ -188,6 +214,14 @@ def compressed(url: str) -> EngineError:
     server (or the proxy in front of it) will answer so again."""
     return EngineError(REJECTED, f"upstream {url} answered with a compressed body although "
                        "asked for none (Accept-Encoding: identity)", retryable=False)
+
+
+def tool_call(url: str) -> EngineError:
+    """An answer that calls a tool: taskward sends no tools and has no output for a call,
+    so such an answer, asked again, is one again; completed, it passed for an empty
+    answer. Neither the tool's name nor its arguments are told (they are output)."""
+    return EngineError(REJECTED, f"upstream {url} answered with a tool call, which taskward "
+                       "does not support (its answers are text)", retryable=False)
 
 
 def unavailable(url: str, what: str) -> EngineError:

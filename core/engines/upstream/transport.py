@@ -164,13 +164,17 @@ def _shared(max_connections: int) -> _Transport:
 def open_stream(
     url: str, body: dict[str, Any], headers: dict[str, str], timeout: httpx.Timeout,
     into: Into, *, max_connections: int, watch: Callable[[], None], room: Room | None = None,
-    complete: Callable[[], bool] | None = None,
+    complete: Callable[[], bool] | None = None, opened: Callable[[], None] | None = None,
 ) -> Future[Any]:
     """POST `body` to `url` with `stream: true` and put into `into`, in order: a `Status`
     (then END) for a non-200 answer, `Compressed` (then END) for a compressed one, else
     lists of the `data:` payloads parsed as JSON (each list non-empty: what one read
     brought); then END. A transport failure is put as the exception itself, after the
     payloads read before it and before END.
+
+    `opened` is called on this loop's thread when a 200 answer's head has come, before
+    its body is read: from there the server's time is its own (the connection, its TLS
+    handshake and the wait for the head are behind).
 
     `complete` is asked after each read that brought payloads, on this loop's thread:
     once it says yes, the stream is over as at `[DONE]` (END at once, the body's end
@@ -193,17 +197,18 @@ def open_stream(
     needs nothing more from the caller."""
     transport = _shared(max_connections)
     return transport.run(_watched(transport, watch, url, body, headers, timeout, into, room,
-                                  complete))
+                                  complete, opened))
 
 
 async def _watched(
     transport: _Transport, watch: Callable[[], None], url: str, body: dict[str, Any],
     headers: dict[str, str], timeout: httpx.Timeout, into: Into, room: Room | None,
-    complete: Callable[[], bool] | None,
+    complete: Callable[[], bool] | None, opened: Callable[[], None] | None,
 ) -> None:
     transport.watch(watch)
     try:
-        await _pump(transport.client, url, body, headers, timeout, into, room, complete)
+        await _pump(transport.client, url, body, headers, timeout, into, room, complete,
+                    opened)
     finally:
         transport.unwatch(watch)
 
@@ -241,7 +246,7 @@ class _Held:
 async def _pump(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
     timeout: httpx.Timeout, into: Into, room: Room | None = None,
-    complete: Callable[[], bool] | None = None,
+    complete: Callable[[], bool] | None = None, opened: Callable[[], None] | None = None,
 ) -> None:
     held = None if room is None else _Held(asyncio.get_running_loop(), room)
     batch: list[Any] = []
@@ -257,6 +262,8 @@ async def _pump(
             if response.headers.get("content-encoding", "identity").lower() != "identity":
                 into.put(Compressed())
                 return
+            if opened is not None:
+                opened()
             lines = DataLines()
             reads = response.aiter_raw()
             async for data in reads:
