@@ -62,8 +62,9 @@ from core.engines.base import (
 from core.engines.upstream import protocol, transport
 from core.engines.upstream.hosts import UrlRefused, check_allowed
 from core.engines.upstream.key_envs import KeyEnvRefused, check_key_env
-from core.engines.upstream.network import TlsHandshakeTimedOut, causes
+from core.engines.upstream.network import TlsHandshakeTimedOut
 from core.engines.upstream.routing import ROUTER, NoUrlNow, Router
+from core.error_chain import error_chain
 
 NAME = "openai"
 SNAPSHOT_VERSION = 1
@@ -570,7 +571,7 @@ def _describe(error: httpx.TransportError) -> str:
     process does not trust (a private CA: `SSL_CERT_FILE`, docs/upstream.md) or an
     `https://` URL of a plain-HTTP server; the SSL error's own text is not repeated."""
     if isinstance(error, httpx.ConnectError):
-        chain = causes(error)
+        chain = list(error_chain(error))
         if any(isinstance(cause, ssl.SSLCertVerificationError) for cause in chain):
             return "TLS certificate not trusted (SSL_CERT_FILE names the CAs to trust)"
         if any(isinstance(cause, ssl.SSLError) for cause in chain):
@@ -579,7 +580,7 @@ def _describe(error: httpx.TransportError) -> str:
     if isinstance(error, _Stalled):
         return str(error)
     if isinstance(error, httpx.TimeoutException):
-        if any(isinstance(cause, TlsHandshakeTimedOut) for cause in causes(error)):
+        if any(isinstance(cause, TlsHandshakeTimedOut) for cause in error_chain(error)):
             return "TLS handshake timed out"
         return "timed out"
     return "connection broken"

@@ -239,15 +239,3 @@ def asyncio_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
         keepalive_expiry=limits.keepalive_expiry,
         network_backend=AsyncioBackend())
     return transport
-
-
-def causes(error: BaseException) -> list[BaseException]:
-    """`error` and what it was raised from, down the chain (httpx's error is raised from
-    httpcore's, which this module raises from the socket's or the SSL layer's, and
-    httpcore from h11's when an answer cannot be parsed)."""
-    chain: list[BaseException] = []
-    cause: BaseException | None = error
-    while cause is not None and cause not in chain:
-        chain.append(cause)
-        cause = cause.__cause__ or cause.__context__
-    return chain

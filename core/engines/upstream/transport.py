@@ -46,7 +46,8 @@ import httpx
 
 from core.engines.base import Room
 from core.engines.upstream import protocol
-from core.engines.upstream.network import asyncio_transport, causes
+from core.engines.upstream.network import asyncio_transport
+from core.error_chain import error_chain
 from core.thread_names import named_thread
 
 _lock = threading.Lock()
@@ -334,7 +335,7 @@ async def _head(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Resp
     try:
         return await client.send(request, stream=True)
     except httpx.RemoteProtocolError as exc:
-        if any(isinstance(cause, h11.RemoteProtocolError) for cause in causes(exc)):
+        if any(isinstance(cause, h11.RemoteProtocolError) for cause in error_chain(exc)):
             raise MalformedHead("the upstream's answer head cannot be parsed") from exc
         raise
 
