@@ -53,6 +53,9 @@ def test_a_sequence_waiting_for_kv_cells_is_told_as_waiting_until_admitted(
     threads[0].start()
     assert first_running.wait(60)
     threads[1].start()
+    deadline = time.monotonic() + 30  # its prompt tokenized and submitted, on a busy box too
+    while not second.waits and time.monotonic() < deadline:
+        time.sleep(0.05)
     time.sleep(0.5)  # many steps of the first: the second is still not in
     waits_while_blocked = list(second.waits)
     first.stop.set()
