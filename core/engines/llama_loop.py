@@ -136,7 +136,9 @@ class DecodeLoop:
         self._vocab = model.get_vocab()  # borrowed from the model, which outlives the loop
         self._shape = shape
         self._host_lock = host_lock
-        self._lock = threading.Lock()
+        # Reentrant: the model's finalizer calls `close`, and the cycle collector may run
+        # it on this loop's own thread while that thread holds the lock.
+        self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._waiting: deque[Sequence] = deque()
         self._thread: threading.Thread | None = None
