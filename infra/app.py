@@ -8,11 +8,9 @@ granian (a factory, one app per worker); `taskward run` adds its sweeper through
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 from collections.abc import Sequence
-from functools import partial
 
 from litestar import Litestar
 
@@ -22,7 +20,7 @@ from core.store.connect import ProcessRole, open_database
 from handlers.app import LifespanHook, create_app
 from infra.migrate import check_schema
 from infra.parent_watch import watch_parent
-from infra.stop_signals import also_on
+from infra.stop_signals import also_on, on_loop
 
 SERVING_APP = "infra.app:serving_app"
 
@@ -56,4 +54,4 @@ def _end_waits_when_told_to_stop(app: Litestar) -> None:
     not on the tail: it ends when that send times out (`handlers.sse`)."""
     tail = app.state.services.tail
     also_on((signal.SIGTERM, signal.SIGINT),
-            partial(asyncio.get_running_loop().call_soon_threadsafe, tail.close_waits))
+            on_loop(tail.close_waits))

@@ -76,10 +76,26 @@ def also_on(signums: Iterable[signal.Signals], call: Callable[[], object]) -> No
             signal.signal(signum, partial(_both, call, servers))
 
 
+def on_loop(call: Callable[[], object]) -> Callable[[], None]:
+    """`call`, handed from a signal handler to the running event loop (`also_on`'s
+    `call`); nothing once that loop has closed, as it has when a signal comes late in
+    the worker's exit."""
+    loop = asyncio.get_running_loop()
+
+    def hand_over() -> None:
+        try:
+            loop.call_soon_threadsafe(call)
+        except RuntimeError:  # the loop is closed: nothing of it is left to stop
+            pass
+    return hand_over
+
+
 def _both(call: Callable[[], object], servers: Handler, signum: int,
           frame: FrameType | None) -> None:
-    call()
-    servers(signum, frame)
+    try:
+        call()
+    finally:  # the server's own handler runs whatever ours did
+        servers(signum, frame)
 
 
 class GracefulStop:
@@ -99,8 +115,7 @@ class GracefulStop:
     def arm(self) -> None:
         """From now on the first stop signal begins the stop; called on the event loop
         that `finish` will run on (a signal handler may only hand it the call)."""
-        also_on((signal.SIGTERM, signal.SIGINT),
-                partial(asyncio.get_running_loop().call_soon_threadsafe, self._begin))
+        also_on((signal.SIGTERM, signal.SIGINT), on_loop(self._begin))
 
     async def finish(self) -> None:
         """Return once the stop is over, beginning it if no signal has (an app that
