@@ -75,9 +75,9 @@ def write_through_drops(
     `landed` are written again (`landed` None: the write cannot tell, the drop is
     raised as it is). The drop is raised after the last try, or as soon as another error
     comes. `dropped`: the caller made the first try itself, where this cannot make it
-    (on the event loop: `core.store.new_tasks.enqueue_many_async`), and it met a lost
-    connection (`is_connection_lost`); the tries start with the read of what landed,
-    so `landed` must be given."""
+    (on the event loop: `core.store.new_tasks.enqueue_many_async`), and it met a
+    connection lost once made (`is_connection_dropped`); the tries start with the read of
+    what landed, so `landed` must be given."""
     assert landed is not None or not dropped
     answers: dict[int, R | Exception] = {}
     left = list(range(len(items)))
