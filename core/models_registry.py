@@ -29,6 +29,7 @@ from core.model_files import (
     DEFAULT_ENGINE,
     DEFAULT_MODEL_METADATA,
     DEFAULT_MODEL_SHA256,
+    Progress,
     check_gguf_layout,
     file_digest,
     resolve_inside,
@@ -60,8 +61,10 @@ def register(
     model_id: str | None = None,
     engine: str,
     metadata: dict[str, str] | None = None,
+    progress: Progress | None = None,
 ) -> Row[Any]:
     """Add an entry for a file inside `models_dir`; an id already taken is a conflict.
+    `progress` is told how far the file's hash has got (`core.model_files.Progress`).
 
     The API (an entry without `upstream`) and `taskward models add` both call this, so
     they refuse alike: the `openai` engine without servers is `upstream_required`, no
@@ -87,7 +90,7 @@ def register(
     if not is_known_engine(engine):
         raise InvalidInput("unknown_engine", "no engine of that name is installed",
                            extra={"field": "engine"})
-    digest = file_digest(real)  # first: a file still being copied in is model_file_changed
+    digest = file_digest(real, progress)  # first: one still being copied in is model_file_changed
     if engine == DEFAULT_ENGINE:
         check_gguf_layout(real, path)
     stored_path = str(real.relative_to(models_dir.resolve()))

@@ -17,14 +17,12 @@ from pathlib import Path
 
 import click
 
-from core.engines.registry import is_known_engine
 from core.errors import InvalidInput
-from core.model_files import DEFAULT_ENGINE, file_digest, resolve_inside
+from core.model_files import DEFAULT_ENGINE
 from core.models_registry import (
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_TIMEOUT_SECONDS,
     MAX_CONCURRENCY_LIMIT,
-    UPSTREAM_ENGINE,
     register,
     register_upstream,
 )
@@ -91,11 +89,8 @@ def models_add(path: str, model_id: str | None, engine: str, as_json: bool) -> N
     located = Path(path).absolute() if os.path.exists(path) else Path(path)
     with store() as (settings, db):
         with _outside_named(settings.models_dir):
-            if engine != UPSTREAM_ENGINE and is_known_engine(engine):
-                # Hashed here to show progress; `register`'s own digest of the same
-                # unchanged file then comes from the process's digest cache.
-                file_digest(resolve_inside(settings.models_dir, located), _HashProgress(path))
-            row = register(db, settings.models_dir, located, model_id=model_id, engine=engine)
+            row = register(db, settings.models_dir, located, model_id=model_id, engine=engine,
+                           progress=_HashProgress(path))
     emit(model_object(row), as_json=as_json)
 
 
