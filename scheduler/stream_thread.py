@@ -74,8 +74,9 @@ def join_window_ms(flush_interval_ms: int) -> int:
 @dataclass(frozen=True)
 class _Refused:
     """A write a held row refused: `retry()` writes it again alone (None: written, or
-    why not), `then(failure)` is the attempt's next step once it is written or given
-    up; `what` names it in the log lines, never its content."""
+    why its fence did not hold; a store's error it raises), `then(failure)` is the
+    attempt's next step once it is written or given up; `what` names it in the log
+    lines, never its content."""
 
     what: str
     retry: Callable[[], Exception | None]
@@ -236,7 +237,8 @@ class StreamThread:
         assert refused is not None
         attempt = followed.attempt
         lost = LeaseLost(attempt.task_id)
-        failure = lost if attempt.stop_reason() is StopReason.LOST else refused.retry()
+        failure = (lost if attempt.stop_reason() is StopReason.LOST
+                   else worker_writes.answered_alone(refused.retry))
         if failure is not None and is_row_held(failure):
             reason = attempt.stop_reason()
             if reason is None:

@@ -24,6 +24,7 @@ from core.store.redo_dropped import Answer, Landing, write_through_drops
 from core.store.transitions import Event, Held, PerRow, insert_events, move
 from core.store.worker_writes import (
     add_outputs,
+    each_apart,
     fenced,
     start_all,
     terminal_values,
@@ -90,14 +91,12 @@ def complete_all(db: Database, completions: Sequence[Completion]) -> list[Except
 def complete_apart(db: Database, c: Completion) -> Exception | None:
     """One completion in a transaction of its own that waits only briefly for a row
     another transaction holds (`worker_writes.wait_briefly`): None once written, or
-    why not, answered rather than raised: its fence, the held row (`is_row_held`) or
-    any other error of the store's. Its moves are `_complete_batch`'s, SQLite's, as
-    the one statement of `core.store.pg_completion` commits by itself."""
-    try:
-        [answer] = write_through_drops(db, [c], partial(_complete_briefly, db),
-                                       None if c.attempt is None else _completion_landed)
-    except DBAPIError as exc:
-        return exc
+    why its fence did not hold; a store's error, the held row's (`is_row_held`) among
+    them, is raised (`worker_writes.answered_alone` answers it). Its moves are
+    `_complete_batch`'s, SQLite's, as the one statement of `core.store.pg_completion`
+    commits by itself."""
+    [answer] = write_through_drops(db, [c], partial(_complete_briefly, db),
+                                   None if c.attempt is None else _completion_landed)
     return answer
 
 
@@ -150,10 +149,8 @@ def _complete_alone(db: Database, batch: dict[int, Completion],
     except DBAPIError as exc:
         if not is_row_held(exc):
             raise
-        for i, c in batch.items():
-            failure = exc if len(batch) == 1 else complete_apart(db, c)
-            if failure is not None:
-                failures[i] = failure
+        apart = each_apart(exc, list(batch.values()), partial(complete_apart, db))
+        failures.update((i, failure) for i, failure in zip(batch, apart) if failure is not None)
         return
     db.announce_committed_events(c.task_id for c in batch.values())
     unmoved = {i: c for i, c in batch.items() if c.task_id not in moved}

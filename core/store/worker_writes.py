@@ -166,50 +166,71 @@ def append_outputs(db: Database, writes: Sequence[OutputWrite]) -> list[Exceptio
 
     A transaction that met a row another transaction holds past the process's bound
     (`is_row_held`: PostgreSQL's `lock_timeout`, `core.store.connect`) is written
-    again task by task (`append_alone`), so that only the writes of held tasks fail,
-    each answered with the held row's error; the others land."""
+    again task by task (`each_apart`, `append_alone`), so that only the writes of held
+    tasks fail, each answered with the held row's error; the others land."""
     try:
         return _written_through_drops(db, writes)
     except DBAPIError as exc:
         if not is_row_held(exc):
             raise
-        if len(writes) == 1:
-            return [exc]
-        return [append_alone(db, write) for write in writes]
+        return each_apart(exc, writes, partial(append_alone, db))
 
 
-# How long a flush written alone (`append_alone`) waits for a row another transaction
+Item = TypeVar("Item")  # a write of a group: a flush, a completion
+
+
+# How long a write tried apart (`each_apart`) waits for a row another transaction
 # holds (PostgreSQL's `lock_timeout`, for that transaction). Long enough for the
 # task's own renewal, which holds its row for a commit; short, as the thread that
 # writes the flushes of every stream of the process waits it out for all of them.
 ALONE_LOCK_WAIT_MS = 100
 
 
-def wait_briefly(conn: Connection, lock_wait_ms: int = ALONE_LOCK_WAIT_MS) -> None:
+def each_apart(
+    refused: DBAPIError, items: Sequence[Item], alone: Callable[[Item], Exception | None]
+) -> list[Exception | None]:
+    """The answers of `items` whose shared write a held row refused (`refused`,
+    `is_row_held`): each written in a transaction of its own (`alone`, which waits only
+    briefly: `wait_briefly`), so that only the held ones fail, each with its error,
+    answered rather than raised; the others land. One item alone is `refused` itself.
+    The one rule of the flushes and the completions a held row refused."""
+    if len(items) == 1:
+        return [refused]
+    return [answered_alone(partial(alone, item)) for item in items]
+
+
+def answered_alone(write: Callable[[], Exception | None]) -> Exception | None:
+    """`write()`'s answer, or the store's error it raised, answered rather than raised:
+    a write tried apart is followed on (`scheduler.stream_thread` parks a held one),
+    never the end of its caller's pass."""
+    try:
+        return write()
+    except DBAPIError as exc:
+        return exc
+
+
+def wait_briefly(conn: Connection) -> None:
     """Bound how long `conn`'s transaction waits for a row another transaction holds
     (PostgreSQL's `lock_timeout`; SQLite has no row locks): a write tried apart from
-    others because a held row refused it (`append_alone`, a completion's)."""
+    others because a held row refused it (`each_apart`)."""
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(lock_wait_ms)}")
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ALONE_LOCK_WAIT_MS}")
 
 
 def append_alone(db: Database, write: OutputWrite) -> Exception | None:
-    """One attempt's flush in a transaction of its own that waits at most
-    `ALONE_LOCK_WAIT_MS` for a row another transaction holds: None once written, or
-    why not, answered rather than raised: its fence (`fenced`), the held row
-    (`is_row_held`) or any other error of the store's."""
-    try:
-        [answer] = _written_through_drops(db, [write], lock_wait_ms=ALONE_LOCK_WAIT_MS)
-    except DBAPIError as exc:
-        return exc
+    """One attempt's flush in a transaction of its own that waits only briefly for a
+    row another transaction holds (`wait_briefly`): None once written, or why its fence
+    did not hold (`fenced`); a store's error, the held row's (`is_row_held`) among
+    them, is raised (`answered_alone` answers it)."""
+    [answer] = _written_through_drops(db, [write], briefly=True)
     return answer
 
 
 def _written_through_drops(db: Database, writes: Sequence[OutputWrite], *,
-                           lock_wait_ms: int | None = None) -> list[Exception | None]:
+                           briefly: bool = False) -> list[Exception | None]:
     told = all(write.output_chars is not None and write.text for write in writes)
     return write_through_drops(db, writes,
-                               partial(_append_outputs, db, lock_wait_ms),
+                               partial(_append_outputs, db, briefly),
                                _output_landed if told else None)
 
 
@@ -229,12 +250,12 @@ def _output_landed(conn: Connection, write: OutputWrite) -> Answer | Landing:
     return fenced(conn, write.task_id, write.owner)
 
 
-def _append_outputs(db: Database, lock_wait_ms: int | None,
+def _append_outputs(db: Database, briefly: bool,
                     writes: Sequence[OutputWrite]) -> list[Answer]:
     failures: list[Answer] = []
     with db.write_events() as conn:  # a fenced write logs nothing, so wakes nobody
-        if lock_wait_ms is not None:
-            wait_briefly(conn, lock_wait_ms)
+        if briefly:
+            wait_briefly(conn)
         now = db.clock.now_ms()
         outputs: list[tuple[str, str, Usage | None]] = []
         for write in writes:
