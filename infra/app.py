@@ -51,7 +51,7 @@ def _end_waits_when_told_to_stop(app: Litestar) -> None:
     worker ends at once (`LiveTail.close_waits`): granian's worker stops only once
     every open connection has ended, and one client following a queued task held a
     stop for ever. A stream whose client has stopped reading is waiting on its send,
-    not on the tail: it ends when that send times out (`handlers.sse`)."""
+    not on the tail: it ends when that send times out (`handlers.slow_readers`)."""
     tail = app.state.services.tail
     also_on((signal.SIGTERM, signal.SIGINT),
             on_loop(tail.close_waits))
