@@ -20,12 +20,13 @@ from core.clients import (
     pairing_code_object,
     parse_scopes,
 )
-from core.errors import InvalidInput, NotFound
+from core.errors import NotFound
 from core.quotas import LIMIT_NAMES, Limits
 from core.settings import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PER_SECOND_BOUND
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke, set_limits
 from core.store.pairing_codes import outstanding_codes, revoke_pairing_code
 from infra.cli.context import JSON_OPTION, emit, store
+from infra.cli.option_types import DomainChecked
 
 
 class _Rate(click.FloatRange):
@@ -40,20 +41,9 @@ class _Rate(click.FloatRange):
         return rate
 
 
-class _ScopeList(click.ParamType):
-    """Comma-separated scope names, parsed by `core.clients.parse_scopes` (`scopes[i]` in
-    its message is the i-th name of the list, counted from 0)."""
-
-    name = "scopes"
-
-    def convert(self, value: object, param: click.Parameter | None,
-                ctx: click.Context | None) -> frozenset[str]:
-        if isinstance(value, frozenset):  # a default, already parsed
-            return value
-        try:
-            return parse_scopes(str(value).split(","))
-        except InvalidInput as exc:
-            self.fail(f"{exc.code}: {exc.message}", param, ctx)
+# Comma-separated scope names, read by `core.clients.parse_scopes` (`scopes[i]` in its
+# message is the i-th name of the list, counted from 0).
+_SCOPE_LIST = DomainChecked("scopes", lambda text: parse_scopes(text.split(",")))
 
 
 def _client_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -81,7 +71,7 @@ def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
 
 @click.command()
 @click.option("--admin", is_flag=True, help="Grant the admin scope (everything).")
-@click.option("--scopes", default=None, metavar="S,S", type=_ScopeList(),
+@click.option("--scopes", default=None, metavar="S,S", type=_SCOPE_LIST,
               help="Comma-separated scopes (default: " + ",".join(sorted(DEFAULT_SCOPES)) + ").")
 @click.option("--name", default=None, callback=_client_name,
               help="The client's name: 1..200 characters, no control characters.")

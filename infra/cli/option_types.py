@@ -4,21 +4,38 @@ runs: a bad value is then a usage error naming the option (`Error: Invalid value
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from core.cron import parse_cron
 from core.errors import InvalidInput
 
 
-class CronExpression(click.ParamType):
-    """A cron expression as `core.cron` takes it (`--schedule`, `schedules add --cron`)."""
+class DomainChecked(click.ParamType):
+    """A value `read` by a domain check (its `InvalidInput` is the usage error, code
+    and message kept); what `read` returns is what the command gets. A default that is
+    not text is taken as already read."""
 
-    name = "cron"
+    def __init__(self, name: str, read: Callable[[str], object]) -> None:
+        self.name = name
+        self._read = read
 
     def convert(self, value: object, param: click.Parameter | None,
-                ctx: click.Context | None) -> str:
+                ctx: click.Context | None) -> object:
+        if not isinstance(value, str):
+            return value
         try:
-            parse_cron(str(value))
+            return self._read(value)
         except InvalidInput as exc:
             self.fail(f"{exc.code}: {exc.message}", param, ctx)
-        return str(value)
+
+
+def _cron_text(text: str) -> str:
+    """`text`, once `core.cron` takes it as an expression."""
+    parse_cron(text)
+    return text
+
+
+# A cron expression as `core.cron` takes it (`--schedule`, `schedules add --cron`).
+CRON_EXPRESSION = DomainChecked("cron", _cron_text)

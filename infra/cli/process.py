@@ -24,7 +24,7 @@ from core.store.recovery import recover as recover_tasks
 from infra.cli import collector_paused
 from infra.cli.context import JSON_OPTION, database, domain_errors, emit, privileges_named
 from infra.cli.listen_address import ensure_free, listen_options, url_authority
-from infra.cli.option_types import CronExpression
+from infra.cli.option_types import CRON_EXPRESSION
 from infra.migrate import upgrade
 from infra.stop_signals import stop_then_hurry, wait_for
 
@@ -79,7 +79,7 @@ def sweep(as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--schedule", metavar="CRON", type=CronExpression(),
+@click.option("--schedule", metavar="CRON", type=CRON_EXPRESSION,
               help="Maintenance passes (overrides TASKWARD_SWEEP_SCHEDULE).")
 def sweeper(schedule: str | None) -> None:
     """Long-running sweeper: continuous claiming, maintenance on a cron schedule."""

@@ -31,7 +31,7 @@ from core.store.clients import list_clients
 from core.store.database import Database
 from core.store.schedules import delete_schedule
 from infra.cli.context import JSON_OPTION, emit, store
-from infra.cli.option_types import CronExpression
+from infra.cli.option_types import CRON_EXPRESSION
 
 _COLUMNS = ("id", "cron", "catch_up", "next_run_at", "client_id")
 
@@ -65,7 +65,7 @@ def schedules_list(client_id: str | None, limit: int, after: str | None, as_json
 
 
 @schedules.command("add")
-@click.option("--cron", required=True, type=CronExpression(),
+@click.option("--cron", required=True, type=CRON_EXPRESSION,
               help='5 fields in UTC, e.g. "30 7 * * 1-5".')
 @click.option("--request", "request_text", default=None, metavar="JSON",
               help="A POST /v1/responses body (without run_at).")
