@@ -64,7 +64,9 @@ def serve(
     within their stream limit leave `/healthz` unanswered.
     """
     bounded = idle_timeout_seconds > 0
-    mark_workers()  # the app of each (`infra.app.serving_app`) stops when this process is gone
+    stop_within = math.ceil(drain_seconds) + STOP_MARGIN_SECONDS
+    # The app of each (`infra.app.serving_app`) stops when this process is gone.
+    mark_workers(stop_within)
     per_worker = connections_within_open_files(max_connections)
     Granian(
         target,
@@ -78,7 +80,7 @@ def serve(
         loop=Loops.auto,
         factory=factory,
         log_access=False,
-        workers_kill_timeout=math.ceil(drain_seconds) + STOP_MARGIN_SECONDS,
+        workers_kill_timeout=stop_within,
         backlog=per_worker,
         backpressure=per_worker,
     ).serve()
