@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Row
 
 from core.engines.base import EngineError, ModelFile, ModelSource, UpstreamModel
-from core.engines.registry import is_known_engine
+from core.engines.registry import is_known_engine, known_engine_names
 from core.engines.sampling import SAMPLING_KEYS, sampling_metadata_error
 from core.engines.upstream.hosts import UrlRefused, check_allowed, normalized_base_url
 from core.engines.upstream.key_envs import KeyEnvRefused, check_key_env
@@ -88,8 +88,9 @@ def register(
     real = resolve_inside(models_dir, path)
     model_id = _checked_id(real.stem if model_id is None else model_id)
     if not is_known_engine(engine):
-        raise InvalidInput("unknown_engine", "no engine of that name is installed",
-                           extra={"field": "engine"})
+        raise InvalidInput("unknown_engine", "no engine of that name is installed; "
+                           f"installed: {', '.join(known_engine_names())} (plug-ins add "
+                           "theirs through TASKWARD_ENGINE_MODULES)", extra={"field": "engine"})
     digest = file_digest(real, progress)  # first: one still being copied in is model_file_changed
     if engine == DEFAULT_ENGINE:
         check_gguf_layout(real, path)

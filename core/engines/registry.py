@@ -47,6 +47,12 @@ def is_known_engine(name: str) -> bool:
     return name in _BUILTIN or name in _factories
 
 
+def known_engine_names() -> list[str]:
+    """The names `is_known_engine` accepts, sorted: what a refusal tells the operator
+    to choose from (an engine name is no secret)."""
+    return sorted({*_BUILTIN, *_factories})
+
+
 def engine_named(name: str, options: Callable[[], EngineOptions]) -> Engine:
     """The process's engine called `name`; `unknown_engine` when none is registered.
 

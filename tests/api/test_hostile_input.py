@@ -199,7 +199,11 @@ def test_an_unknown_engine_is_refused_at_registration(
     (settings.models_dir / "m.bin").write_bytes(b"weights")
     admin = caller(db, http, "models:admin", "models:read")
     answer = admin.post("/v1/models", json={"path": "m.bin", "engine": "no-such-engine"})
-    assert assert_problem(answer, 422, "unknown_engine")["field"] == "engine"
+    problem = assert_problem(answer, 422, "unknown_engine")
+    assert problem["field"] == "engine"
+    # It names what the operator may choose from, the test's plug-in engines included.
+    assert "installed: " in problem["detail"] and "llama.cpp" in problem["detail"]
+    assert "openai" in problem["detail"]
 
 
 def test_only_an_admin_may_revoke_an_admin(
