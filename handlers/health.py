@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from litestar import get, head
+from litestar import get
 from sqlalchemy import text
 
 from core.store.outage import TABLE_PRIVILEGES
 from core.tables import clients, metadata, service_config
 from handlers.auth import PUBLIC_ROUTE
 from handlers.errors import problem
+from handlers.heads import head_of
 from handlers.services import ProcessServices, Services
 from handlers.threads import blocking
 
@@ -54,18 +55,6 @@ async def readyz(services: Services) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@head("/healthz", opt=PUBLIC_ROUTE, tags=["health"])
-async def healthz_head() -> None:
-    """`/healthz` for the load balancers that probe with HEAD (HTTP requires it of GET
-    resources; without it they saw 405 and took a live process out of rotation)."""
-
-
-@head("/readyz", opt=PUBLIC_ROUTE, tags=["health"])
-async def readyz_head(services: Services) -> None:
-    """`/readyz` for HEAD probes: 200, or the same 503 without its body."""
-    await blocking(_ready, services)
-
-
 def _ready(services: ProcessServices) -> None:
     """Raise unless this process can serve: `services.readiness` (the store answers, at
     this code's schema), and on PostgreSQL a session that takes writes and a role that
@@ -94,4 +83,6 @@ def _ready(services: ProcessServices) -> None:
                       headers={"Retry-After": "1"})
 
 
-ROUTES = [healthz, readyz, healthz_head, readyz_head]
+# HEAD too, for the load balancers that probe with it (without it they saw 405 and took
+# a live process out of rotation): `/readyz` answers 200, or the same 503 without a body.
+ROUTES = [healthz, readyz, head_of(healthz), head_of(readyz)]

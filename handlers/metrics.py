@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from litestar import Response, get, head
+from litestar import Response, get
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -20,6 +20,7 @@ from core.store.database import Database
 from core.store.queue_stats import QueueStats, queue_stats
 from core.store.upstream_health import UpstreamStats, upstream_stats
 from handlers.auth import PUBLIC_ROUTE
+from handlers.heads import head_of
 from handlers.services import Services
 from handlers.threads import blocking
 
@@ -103,12 +104,6 @@ async def metrics(services: Services) -> Response[bytes]:
     return Response(await blocking(_exposition, services.db), media_type=_TEXT_FORMAT)
 
 
-@head("/metrics", opt=PUBLIC_ROUTE, tags=["health"], media_type=_TEXT_FORMAT)
-async def metrics_head(services: Services) -> None:
-    """`/metrics` for HEAD, as the probes answer it (HTTP requires it of GET resources;
-    a load balancer or uptime check probing with HEAD saw 405): the scrape is read and
-    dropped, so the status is the one GET would answer."""
-    await blocking(_exposition, services.db)
-
-
-ROUTES = [metrics, metrics_head]
+# HEAD as the probes answer it (a load balancer or uptime check probing with HEAD saw
+# 405): the scrape is read and its body dropped, so the status is the one GET answers.
+ROUTES = [metrics, head_of(metrics)]

@@ -14,6 +14,7 @@ from litestar.params import Parameter
 
 from core.errors import NotFound
 from handlers.console.render import ASSETS, asset_bytes
+from handlers.heads import head_of
 
 # Litestar adds `; charset=utf-8` to a text type itself.
 _MEDIA_TYPES = {".css": "text/css", ".js": "text/javascript"}
@@ -30,4 +31,4 @@ async def asset(name: Annotated[str, Parameter()]) -> Response[bytes]:
     return Response(body, media_type=_MEDIA_TYPES[name[name.rindex("."):]], headers=_HEADERS)
 
 
-ROUTES = [asset]
+ROUTES = [asset, head_of(asset)]

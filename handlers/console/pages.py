@@ -1,6 +1,7 @@
-"""The console's pages (GET): overview, tasks, one task, dead letters, schedules,
-clients, models. Each reads one snapshot through `handlers.console.reads` and renders
-one template; forms on them post to `handlers.console.actions`."""
+"""The console's pages (GET, and HEAD as `handlers.heads` answers it): overview,
+tasks, one task, dead letters, schedules, clients, models. Each reads one snapshot
+through `handlers.console.reads` and renders one template; forms on them post to
+`handlers.console.actions`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from core.states import Status
 from handlers.console import reads
 from handlers.console.render import html
 from handlers.console.session import Session
+from handlers.heads import head_of
 from handlers.params import Cursor, TaskId
 from handlers.services import Services
 
@@ -117,4 +119,5 @@ async def login_form() -> Any:
     return html("login.html", session=None, page="login", error=None)
 
 
-ROUTES = [overview, tasks, task, dead_letters, schedules, clients, models, login_form]
+_PAGES = [overview, tasks, task, dead_letters, schedules, clients, models, login_form]
+ROUTES = [*_PAGES, *map(head_of, _PAGES)]

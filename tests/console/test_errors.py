@@ -40,7 +40,7 @@ def test_a_404_page_is_served_without_a_session(http: TestClient[Any]) -> None:
 @pytest.mark.parametrize(("method", "path", "allowed"), [
     ("GET", "/console/logout", "POST"),
     ("GET", "/console/tasks/{id}/cancel", "POST"),
-    ("HEAD", "/console/login", "GET"),
+    ("PUT", "/console/login", "GET"),
     ("DELETE", "/console/tasks/{id}", "GET"),
 ])
 def test_a_method_the_path_does_not_take_is_a_405_page_with_allow(
