@@ -110,6 +110,18 @@ def list_tasks(
         return newest_first(conn, query, tasks.c.id, limit=limit, after=after)
 
 
+def recent_models(db: Database, scanned: int) -> set[str]:
+    """The models the newest `scanned` tasks name, registered or not (a removed model's
+    finished tasks stay until retention takes them).
+
+    Bounded on purpose: no index covers `model` over all tasks (`ix_tasks_model_leased`
+    holds leased tasks only), so every distinct model would be a scan of the whole
+    table, history included; this walks the primary key back from the newest task."""
+    newest = select(tasks.c.model).order_by(tasks.c.id.desc()).limit(scanned).subquery()
+    with db.read() as conn:
+        return set(conn.execute(select(newest.c.model).distinct()).scalars())
+
+
 @dataclass(frozen=True)
 class CancelOutcome:
     status_code: int  # 200 cancelled now, 202 cancelling

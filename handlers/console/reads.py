@@ -25,13 +25,16 @@ from core.store.database import Database
 from core.store.finished_per_minute import finished_per_minute
 from core.store.models import list_models
 from core.store.queue_stats import QueueStats, queue_stats
-from core.store.tasks import list_tasks, task_and_events
+from core.store.tasks import list_tasks, recent_models, task_and_events
 from handlers.console.chart import Chart, throughput_chart
 from handlers.threads import blocking
 
 T = TypeVar("T")
 PAGE_SIZE = 50
 EVENTS_SHOWN = 200  # a task page shows the latest this many events; the tail adds more
+# The model filter offers the models of this many newest tasks besides the registered
+# ones: a bounded read of the primary key, where every model tasks name is a full scan.
+MODELS_SCANNED = 5000
 
 
 async def read_page(db: Database, build: Callable[..., T], *args: Any) -> T:
@@ -74,11 +77,17 @@ class TaskFilters:
 
 
 @dataclass(frozen=True)
+class ModelChoice:
+    id: str
+    registered: bool  # False: removed from the registry, though tasks still name it
+
+
+@dataclass(frozen=True)
 class TaskList:
     tasks: list[dict[str, Any]]
     next_cursor: str | None
     client_names: dict[str, str]  # of the clients of `tasks` only
-    model_ids: list[str]  # for the model filter
+    models: list[ModelChoice]  # for the model filter (the dead letters have none)
 
 
 def task_list(db: Database, _now: int, filters: TaskFilters, after: str | None,
@@ -88,7 +97,16 @@ def task_list(db: Database, _now: int, filters: TaskFilters, after: str | None,
                               limit=PAGE_SIZE, after=after)
     return TaskList([task_object(row) for row in rows], cursor,
                     client_names(db, {row.client_id for row in rows}),
-                    [row.id for row in list_models(db)])
+                    [] if dead_lettered else model_choices(db, filters.model))
+
+
+def model_choices(db: Database, chosen: str | None) -> list[ModelChoice]:
+    """The model filter's choices: the registered models, those the newest tasks name
+    (a removed model's tasks outlive its entry: the operator still filters them) and
+    the one filtered on (from the URL), so the form shows it and sends it again."""
+    registered = {row.id for row in list_models(db)}
+    named = recent_models(db, MODELS_SCANNED) | ({chosen} if chosen else set())
+    return [ModelChoice(model, model in registered) for model in sorted(registered | named)]
 
 
 @dataclass(frozen=True)
