@@ -118,11 +118,14 @@ def all_in_one_app() -> Litestar:
 
     stop = GracefulStop(stop_sweeper)
 
+    def arm(_app: Litestar) -> None:
+        stop.arm()
+
     def start_sweeper(app: Litestar) -> None:
         loop = SweeperLoop(app.state.services.db, settings, in_process_wakeups=True)
         loop.start()
         loops.append(loop)
-        stop.arm()
 
-    return serving_app(settings, on_startup=[start_sweeper], on_shutdown=[stop.finish],
-                       role="run")
+    # A stop signal while the worker starts: no sweeper, nothing claimed, nothing to drain.
+    return serving_app(settings, on_startup=[arm], on_started=[start_sweeper],
+                       on_shutdown=[stop.finish], role="run")

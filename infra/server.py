@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import resource
 
 from granian import Granian
@@ -18,6 +19,7 @@ from granian.http import HTTP1Settings
 
 from core.settings import DEFAULT_HTTP_MAX_CONNECTIONS
 from infra.parent_watch import mark_workers
+from infra.stop_signals import hold_stop_signals
 
 log = logging.getLogger("taskward.server")
 
@@ -57,6 +59,10 @@ def serve(
     lock that granian's runtime thread takes only with the GIL) held the stop, and the
     SQLite store's sign of a live sweeper, for ever.
 
+    Each worker starts with its stop signals held, from its fork on, until its app has
+    set what they do (`infra.stop_signals`): one that came while it was starting was
+    lost, and the worker went on (`taskward run`: sweeping) until it was killed.
+
     Each worker holds at most `max_connections` connections open (granian's
     backpressure: an idle one, a stream, a long-poll alike); further ones wait in the
     listen queue, as long as `max_connections` too (the kernel's `net.core.somaxconn`
@@ -67,6 +73,7 @@ def serve(
     stop_within = math.ceil(drain_seconds) + STOP_MARGIN_SECONDS
     # The app of each (`infra.app.serving_app`) stops when this process is gone.
     mark_workers(stop_within)
+    os.register_at_fork(after_in_child=hold_stop_signals)
     per_worker = connections_within_open_files(max_connections)
     Granian(
         target,

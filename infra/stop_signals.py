@@ -12,6 +12,15 @@ ending; in `taskward run`, the sweeper's drain and hand-back, a second Ctrl-C cu
 that drain short: `GracefulStop`) is added by `also_on` as a Python handler that runs,
 then calls the one set before it.
 
+A granian worker is deaf to a stop while it starts: its app is built before granian
+sets the worker's handlers (the main process's, inherited at the fork, are of no use
+in it), its event loop hears a signal only while it runs, and granian's handler wedges
+the worker (its main thread holding the GIL for ever) when it runs twice before the
+worker serves. So a worker starts with both signals held in the kernel
+(`hold_stop_signals`, at the fork) and lets them in once every handler of its app is in
+place (`let_stop_signals_in`, the app's last startup hook): one that came meanwhile is
+delivered then, once, and later ones are held for good, the stop being under way.
+
 A Python handler runs on the main thread between two bytecodes, so it must not take a
 lock that thread may hold: the handlers here only set events that the main thread never
 waits on (`wait_for` polls instead) or call `call_soon_threadsafe`, which takes none.
@@ -30,6 +39,8 @@ from types import FrameType
 from typing import Any
 
 Handler = Callable[[int, FrameType | None], Any]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 # How often `wait_for` looks whether a signal has set its event.
 _STOP_CHECK_SECONDS = 0.2
@@ -61,6 +72,34 @@ def wait_for(stop: threading.Event) -> None:
     a stream of signals hung within seconds)."""
     while not stop.is_set():
         time.sleep(_STOP_CHECK_SECONDS)
+
+
+def hold_stop_signals() -> None:
+    """From now until `let_stop_signals_in`, a SIGTERM or SIGINT to this process waits
+    in the kernel (one of each at most) instead of reaching a handler; so does one to
+    any thread this thread starts meanwhile, which inherits the mask."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def let_stop_signals_in() -> bool:
+    """End `hold_stop_signals`; whether a stop signal came while they were held. If one
+    did, it reaches the handlers now as one SIGTERM (a SIGINT and a SIGTERM together,
+    as a Ctrl-C to the group and granian's main process passing it on send, would run
+    granian's handler twice), and stop signals stay held: the stop is under way, and a
+    second one could only wedge granian. Without a hold this returns False and changes
+    nothing (and off the main thread, whose mask is not the one held, it does nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    came = False
+    while signal.sigtimedwait(STOP_SIGNALS, 0) is not None:
+        came = True
+    if came:
+        signal.raise_signal(signal.SIGTERM)  # held too: delivered at the unblocking
+    # Pending signals are delivered, and their Python handlers run, before this returns.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    if came:
+        hold_stop_signals()
+    return came
 
 
 def also_on(signums: Iterable[signal.Signals], call: Callable[[], object]) -> None:
