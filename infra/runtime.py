@@ -16,10 +16,14 @@ the database closes; a second Ctrl-C cuts the drain short.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from litestar import Litestar
+from sqlalchemy.exc import DBAPIError
 
 from core.engines.registry import import_engine_modules
 from core.errors import DomainError
@@ -30,6 +34,7 @@ from core.store.clients import first_start_admin_code
 from core.store.connect import open_database
 from core.store.database import Database
 from core.store.models import list_models
+from core.store.outage import drop_said, is_connection_dropped
 from core.store.recovery import SweepersAlive, recover
 from infra.app import serving_app
 from infra.migrate import upgrade
@@ -38,6 +43,9 @@ from infra.stop_signals import GracefulStop
 from scheduler.loop import SweeperLoop
 
 ALL_IN_ONE_APP = "infra.runtime:all_in_one_app"
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,13 +62,33 @@ def prepare(settings: Settings) -> Prepared:
     """Everything `run` does before serving: migrate, recover, seed a fresh install."""
     db = open_database(settings, role="run")
     try:
-        revision = upgrade(db.engine)
-        recovered = _recovered(db, settings)
-        default_model = _register_default_model(db, settings)
-        admin_code = first_start_admin_code(db, settings)
+        revision = _again_after_a_drop("migration", lambda: upgrade(db.engine))
+        recovered = _again_after_a_drop("recovery", lambda: _recovered(db, settings))
+        default_model = _again_after_a_drop(
+            "default model", lambda: _register_default_model(db, settings))
+        admin_code = _again_after_a_drop(
+            "admin pairing code", lambda: first_start_admin_code(db, settings))
     finally:
         db.dispose()
     return Prepared(revision, recovered, default_model, admin_code)
+
+
+def _again_after_a_drop(step: str, call: Callable[[], T]) -> T:
+    """`call()`, made once more at once on a fresh connection when the store dropped
+    its connection under it (`is_connection_dropped`: a pooler's restart during a
+    deploy, an administrator's `pg_terminate_backend`), as the running loops do; a
+    second drop, a store that cannot be reached and any other error end the start as
+    before. Every step is safe to make again, even after a commit whose reply was lost:
+    the migration reads its revision first, recovery finds nothing left to put in a
+    state, the default model is registered only into an empty registry, and a second
+    admin pairing code beside an unused first one takes nothing over."""
+    try:
+        return call()
+    except DBAPIError as exc:
+        if not is_connection_dropped(exc):
+            raise
+        log.warning("%s", drop_said(step, "making it again", exc))
+        return call()
 
 
 def _recovered(db: Database, settings: Settings) -> dict[str, int] | None:
