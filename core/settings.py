@@ -2,10 +2,11 @@
 
 Sources, strongest first: `TASKWARD_*` environment variables (names in any case),
 then an optional `taskward.toml` in the working directory (keys without the prefix,
-lower case). Parsing is strict: an unknown key (in any case), a bad value or an
-inconsistent pair stops start-up with a message that names the key. Each source is
-held to its own form as strictly: a whole-number setting is digits in the environment,
-a TOML integer in the file.
+lower case: the file has one spelling). Parsing is strict: an unknown key, a bad value
+or an inconsistent pair stops start-up with a message that names the key as its source
+spells it (`TASKWARD_LEASE_SECONDS: …`, `taskward.toml: lease_seconds: …`). Each source
+is held to its own form as strictly: a whole-number setting is digits in the
+environment, a TOML integer in the file.
 
 `Settings` is a frozen dataclass whose bounds are msgspec's (`Meta` in each field's
 annotation), and `load_settings` reads the two sources and converts them with
@@ -22,6 +23,7 @@ import os
 import re
 import socket
 import stat
+from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -64,6 +66,40 @@ class SettingsError(Exception):
     """Start-up configuration is unusable; the message names the key."""
 
 
+class SettingRefused(SettingsError):
+    """A check no single bound states refused `name`'s value (`reason`: `: what is
+    wrong`), or its pair with `other`'s (`reason`: ` must be shorter than`). Its message
+    names each setting by its variable, all a `Settings` built directly knows of it;
+    `load_settings`, which knows each value's source, names one its file gave by the
+    file and key instead (`told`)."""
+
+    def __init__(self, name: str, reason: str, other: str | None = None) -> None:
+        self.name, self.reason, self.other = name, reason, other
+        super().__init__(self.told(from_file=frozenset(), given=frozenset()))
+
+    def told(self, *, from_file: frozenset[str], given: frozenset[str]) -> str:
+        """The message, with the settings whose values in force came from the file
+        (`from_file`) named as its keys. `given` were set elsewhere (the environment, a
+        keyword); a setting in neither holds its default, and is spelled as the file
+        spells it beside one from the file (`taskward.toml: heartbeat_seconds must be
+        shorter than lease_seconds`), as a variable otherwise."""
+        names = (self.name,) if self.other is None else (self.name, self.other)
+        if from_file.isdisjoint(names):
+            prefix, spelled = "", [_variable(name) for name in names]
+        elif given.isdisjoint(names):
+            prefix, spelled = f"{TOML_FILE}: ", list(names)
+        else:  # one from the file, the other from the environment
+            prefix = f"{TOML_FILE}: " if self.name in from_file else ""
+            spelled = [self.name if self.name in from_file else _variable(self.name)] + [
+                f"{name} of {TOML_FILE}" if name in from_file else _variable(name)
+                for name in names[1:]]
+        return prefix + spelled[0] + self.reason + "".join(f" {name}" for name in spelled[1:])
+
+
+def _variable(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     """Every setting. Built directly, it holds what it is given (typed by the caller,
@@ -71,6 +107,7 @@ class Settings:
 
     database_url: str = "sqlite:///./var/taskward.db"
     models_dir: Path = Path("./models")
+    # Printable only (`__post_init__`): it is written to logs, one line per record.
     node_id: Annotated[str, Meta(min_length=1, max_length=200)] = field(
         default_factory=socket.gethostname)
     lease_seconds: Seconds = 30.0
@@ -117,8 +154,14 @@ class Settings:
     http_max_connections: Annotated[int, Meta(ge=128, le=1_000_000)] = (
         DEFAULT_HTTP_MAX_CONNECTIONS)
     # How long a request waits for one store call before its 503 (handlers/threads.py):
-    # a store that stops answering must not hold every request for minutes.
-    store_wait_seconds: Annotated[float, Meta(gt=0, le=3600)] = 30.0
+    # a store that stops answering must not hold every request for minutes. At least a
+    # second: it also bounds a PostgreSQL session's idle time inside a transaction, and
+    # below that a fresh connection or a busy host's pause was taken for an outage
+    # (measured on the 2-core test host, busy: at 0.2 s one run answered 3 of 5 POSTs
+    # 503; at 0.05 s the first request was 503 at times; at 0.01 s `serve` did not
+    # start, its idle-in-transaction bound of 10 ms ending its start-up's session).
+    # libpq's own timeouts are whole seconds, at least 2: no tighter below a second.
+    store_wait_seconds: Annotated[float, Meta(ge=1, le=3600)] = 30.0
     console_session_hours: Annotated[float, Meta(gt=0, le=720)] = 8.0  # an operator console login
     # Per-client defaults (`core.quotas`): a client's own value, when set, wins.
     client_max_active_tasks: ClientTasks = 0  # 0 = unlimited
@@ -139,29 +182,33 @@ class Settings:
 
     def __post_init__(self) -> None:
         """The checks no single bound states (the database URL's form among them),
-        and `models_dir` anchored: model paths are stored relative to it and joined
-        with it later, so "./models" must mean one place from start-up on."""
+        each a `SettingRefused`, and `models_dir` anchored: model paths are stored
+        relative to it and joined with it later, so "./models" must mean one place from
+        start-up on."""
         given = Path(self.models_dir)
         try:
             models_dir = given.expanduser().absolute()
         except RuntimeError:  # `~name/…` of a user this system does not know
-            raise SettingsError(
-                f"TASKWARD_MODELS_DIR: {given.parts[0]} is no user's home directory here") from None
+            raise SettingRefused(
+                "models_dir", f": {given.parts[0]} is no user's home directory here") from None
         object.__setattr__(self, "models_dir", models_dir)
         check_database_url(self.database_url)
         try:
             parse_cron(self.sweep_schedule)  # the one meaning of a cron expression, as
         except InvalidInput as exc:  # schedules have
-            raise SettingsError(f"TASKWARD_SWEEP_SCHEDULE: {exc.message}") from None
+            raise SettingRefused("sweep_schedule", f": {exc.message}") from None
+        unprintable = next((c for c in self.node_id if not c.isprintable()), None)
+        if unprintable is not None:  # a newline in it forged a log line of its own
+            raise SettingRefused("node_id", f": holds U+{ord(unprintable):04X}, a control "
+                                 "or other unprintable character; it is written to logs "
+                                 "and the store")
         if self.heartbeat_seconds >= self.lease_seconds:
-            raise SettingsError(
-                "TASKWARD_HEARTBEAT_SECONDS must be shorter than TASKWARD_LEASE_SECONDS")
+            raise SettingRefused("heartbeat_seconds", " must be shorter than", "lease_seconds")
         if self.max_attempts_default > self.max_attempts_cap:
-            raise SettingsError(
-                "TASKWARD_MAX_ATTEMPTS_DEFAULT must not exceed TASKWARD_MAX_ATTEMPTS_CAP")
+            raise SettingRefused("max_attempts_default", " must not exceed", "max_attempts_cap")
         if self.backoff_base_seconds > self.backoff_max_seconds:
-            raise SettingsError(
-                "TASKWARD_BACKOFF_BASE_SECONDS must not exceed TASKWARD_BACKOFF_MAX_SECONDS")
+            raise SettingRefused("backoff_base_seconds", " must not exceed",
+                                 "backoff_max_seconds")
 
     @property
     def engine_module_names(self) -> list[str]:
@@ -200,6 +247,7 @@ _SETTING_TYPES = _setting_types()
 # msgspec's lax conversion reads a text `1e1` or `2.0` as the integer it equals, where
 # `2.5` and `+2` are refused: a whole-number setting given as text is digits only.
 _WHOLE_NUMBER_SETTINGS = frozenset(name for name, kind in _SETTING_TYPES.items() if kind is int)
+_FRACTIONAL_SETTINGS = frozenset(name for name, kind in _SETTING_TYPES.items() if kind is float)
 # What a `taskward.toml` value of each setting type must be, as TOML names it: the
 # file's values are typed, so the file is held to them, as strictly as the environment
 # holds its text (msgspec's lax conversion, which the environment needs, took `2.0`
@@ -215,9 +263,13 @@ _DIGITS = re.compile(r"[0-9]+")
 _AT_FIELD = re.compile(r"(?P<message>.*) - at `\$\.(?P<name>\w+)`$")
 
 
-def load_settings(**overrides: object) -> Settings:
+def load_settings(check: Callable[[Settings], None] | None = None, /,
+                  **overrides: object) -> Settings:
     """Settings from `TASKWARD_*` variables over `taskward.toml` in the working
-    directory, with `overrides` winning over both; or `SettingsError` naming the key.
+    directory, with `overrides` winning over both; or `SettingsError` naming the key as
+    the source of its value spells it. `check` (positional: `overrides` are the
+    settings' keywords), when given, is the caller's own check of what it alone uses
+    (the host lock of a process that decodes): its `SettingRefused` is named so too.
 
     Variable names are read in any case (`taskward_lease_seconds` sets the lease), and
     held to one rule whatever their case: a name that is no setting stops start-up, and
@@ -225,26 +277,52 @@ def load_settings(**overrides: object) -> Settings:
     environment's order."""
     from_env = _read_environment()
     from_file = _read_file()
-    unknown = sorted(key for key in from_file if key not in SETTING_NAMES)
-    if unknown:
-        raise SettingsError(f"{TOML_FILE}: unknown setting {unknown[0]} "
-                            f"({ENV_PREFIX}{unknown[0].upper()} is not one)")
+    _check_file_keys(from_file)
     _check_file_types(from_file)
     values = {**from_file, **from_env, **overrides}
     for name in sorted(_WHOLE_NUMBER_SETTINGS & values.keys()):
         if isinstance(values[name], str) and not _DIGITS.fullmatch(values[name]):
-            raise SettingsError(f"{ENV_PREFIX}{name.upper()}: must be a whole number, "
+            raise SettingsError(f"{_variable(name)}: must be a whole number, "
                                 "written in digits only")
+    given = frozenset(from_env) | frozenset(overrides)
+    in_force_from_file = frozenset(from_file) - given
     try:
-        return msgspec.convert(values, type=Settings, strict=False, dec_hook=decode_path)
+        settings = msgspec.convert(values, type=Settings, strict=False, dec_hook=decode_path)
+        if check is not None:
+            check(settings)
+        return settings
+    except SettingRefused as exc:
+        raise SettingsError(exc.told(from_file=in_force_from_file, given=given)) from None
     except msgspec.ValidationError as exc:
         found = _AT_FIELD.match(str(exc))
         if found is None:
             raise SettingsError(f"settings: {exc}") from None
-        name = found["name"]
-        from_the_file = name in from_file and name not in from_env and name not in overrides
-        given = f"{TOML_FILE}: {name}" if from_the_file else f"{ENV_PREFIX}{name.upper()}"
-        raise SettingsError(f"{given}: {found['message']}") from None
+        name, message = found["name"], found["message"]
+        if name in _FRACTIONAL_SETTINGS and isinstance(values.get(name), str) and (
+                message == "Expected `float`, got `str`"):  # `30 `, `abc`, `.5`: no number
+            message = ("must be a number, written in digits with an optional fraction "
+                       "and exponent (`30`, `2.5`, `1e3`), without spaces")
+        spelled = f"{TOML_FILE}: {name}" if name in in_force_from_file else _variable(name)
+        raise SettingsError(f"{spelled}: {message}") from None
+
+
+def _check_file_keys(from_file: dict[str, Any]) -> None:
+    """`SettingsError` for the first key of `taskward.toml` that is no setting, saying
+    what to write when it is one spelled as the environment spells it: the file's keys
+    have one spelling, lower case without the prefix (`LEASE_SECONDS` and
+    `taskward_lease_seconds` were reported as settings that do not exist)."""
+    for key in sorted(from_file):
+        if key in SETTING_NAMES:
+            continue
+        meant = key.lower().removeprefix(ENV_PREFIX.lower())
+        if not key.isascii() or meant not in SETTING_NAMES:
+            raise SettingsError(f"{TOML_FILE}: unknown setting {key} "
+                                f"({_variable(key)} is not one)")
+        broken = [rule for rule, kept in (("are lower case", key == key.lower()),
+                                          (f"have no {ENV_PREFIX} prefix", meant == key.lower()))
+                  if not kept]
+        raise SettingsError(f"{TOML_FILE}: {key}: its keys {' and '.join(broken)}; "
+                            f"write {meant}")
 
 
 def _check_file_types(from_file: dict[str, Any]) -> None:
@@ -348,8 +426,8 @@ def check_database_url(url: str) -> None:
         raise _bad_url(f"{backend} is neither sqlite nor postgresql")
 
 
-def _bad_url(what: str) -> SettingsError:
-    return SettingsError(f"TASKWARD_DATABASE_URL: {what}; expected {DATABASE_URL_FORMS}")
+def _bad_url(what: str) -> SettingRefused:
+    return SettingRefused("database_url", f": {what}; expected {DATABASE_URL_FORMS}")
 
 
 def decode_path(kind: type, value: Any) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,3 +47,23 @@ class HostLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def unusable(path: Path) -> str | None:
+    """Why `path` cannot be the host lock, or None: it is opened as each decode loop
+    opens it (created when missing) and closed again. A process that decodes asks at
+    its start, so that a lock the operator asked for is not silently off: the loop, which
+    opens it only once a model is loaded, decodes without it after a warning. Anything
+    but a regular file is refused unopened (a FIFO's open waits for a writer)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return "it is not a regular file"
+    except FileNotFoundError:
+        pass  # made by the open, when its directory exists
+    except OSError as exc:
+        return str(exc.strerror)
+    try:
+        HostLock(path).close()
+    except OSError as exc:
+        return str(exc.strerror)
+    return None

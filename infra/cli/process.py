@@ -14,11 +14,13 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import click
 
+from core.engines.host_lock import unusable
 from core.engines.registry import import_engine_modules
-from core.settings import Settings, load_settings
+from core.settings import SettingRefused, Settings, load_settings
 from core.store.recovery import SweepersAlive, sweeping
 from core.store.recovery import recover as recover_tasks
 from infra.cli import collector_paused
@@ -147,8 +149,9 @@ def _refused_while_sweeping() -> Iterator[None]:
 
 
 def _worker_settings(**overrides: object) -> Settings:
-    """Settings for a process that executes tasks: logging on, engine plug-ins imported."""
-    settings = load_settings(**overrides)
+    """Settings for a process that executes tasks, its host lock usable: logging on,
+    engine plug-ins imported."""
+    settings = load_settings(_usable_host_lock, **overrides)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # `run` migrates: keep it quiet
@@ -158,6 +161,16 @@ def _worker_settings(**overrides: object) -> Settings:
     with domain_errors(), collector_paused():
         import_engine_modules(settings.engine_module_names)
     return settings
+
+
+def _usable_host_lock(settings: Settings) -> None:
+    """An opt-in host lock (`TASKWARD_ENGINE_HOST_LOCK`) this process cannot open stops
+    it at start: the operator who set it asked for it, and the decode loop would only
+    warn and decode without it. Other processes never open it and do not ask."""
+    if settings.engine_host_lock and (why := unusable(Path(settings.engine_host_lock))):
+        raise SettingRefused(
+            "engine_host_lock", f": cannot use {settings.engine_host_lock} as the lock file: "
+            f"{why}; name a file this user can create or open, or leave it empty (no lock)")
 
 
 COMMANDS: list[click.Command] = [migrate, recover, sweep, sweeper, run]
