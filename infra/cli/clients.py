@@ -26,7 +26,7 @@ from core.settings import MAX_ACTIVE_TASKS_BOUND, MAX_STREAMS_BOUND, REQUESTS_PE
 from core.store.clients import create_client, create_pairing_code, list_clients, revoke, set_limits
 from core.store.pairing_codes import outstanding_codes, revoke_pairing_code
 from infra.cli.context import JSON_OPTION, emit, store
-from infra.cli.option_types import DomainChecked
+from infra.cli.option_types import DecimalRange, DomainChecked
 
 
 class _Rate(click.FloatRange):
@@ -58,11 +58,11 @@ def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
     """`--max-active-tasks`, `--requests-per-second`, `--max-streams` (core.quotas),
     within the bounds the API keeps too."""
     for option in reversed((
-        click.option("--max-active-tasks", type=click.IntRange(0, MAX_ACTIVE_TASKS_BOUND),
+        click.option("--max-active-tasks", type=DecimalRange(0, MAX_ACTIVE_TASKS_BOUND),
                      default=None, help="Queued + running tasks at once (0 = unlimited)."),
         click.option("--requests-per-second", type=_Rate(0, REQUESTS_PER_SECOND_BOUND),
                      default=None, help="Requests per second, per API process (0 = unlimited)."),
-        click.option("--max-streams", type=click.IntRange(1, MAX_STREAMS_BOUND), default=None,
+        click.option("--max-streams", type=DecimalRange(1, MAX_STREAMS_BOUND), default=None,
                      help="SSE streams and waits at once, per API process."),
     )):
         command = option(command)
@@ -84,6 +84,9 @@ def pair(admin: bool, scopes: frozenset[str] | None, name: str | None, direct: b
          max_streams: int | None) -> None:
     """A one-time pairing code for a new client (`POST /v1/pair`), or a token at once.
     Limits not given are the settings' defaults."""
+    if admin and scopes is not None:  # it was ignored, and the client got every scope
+        raise click.UsageError("--admin holds every scope; drop --scopes, or --admin to "
+                               "grant only those scopes")
     limits = Limits(max_active_tasks, requests_per_second, max_streams)
     with store() as (settings, db):
         granted = frozenset({ADMIN}) if admin else (scopes or DEFAULT_SCOPES)

@@ -27,10 +27,12 @@ from typing import TypeVar
 
 import click
 
+from infra.cli.option_types import DecimalRange
+
 Command = TypeVar("Command", bound=Callable[..., object])
 
 # Port 0 is accepted: `ensure_free` turns it into a free port the kernel picks.
-PORT = click.IntRange(0, 65535)
+PORT = DecimalRange(0, 65535)
 
 
 class IPAddress(click.ParamType):

@@ -34,6 +34,7 @@ from core.store.new_tasks import retry_failed
 from core.store.schedules import schedules_of_model
 from core.store.tasks import cancel, get_task, list_tasks
 from infra.cli.context import JSON_OPTION, emit, store
+from infra.cli.option_types import DecimalRange
 
 _TASK_COLUMNS = ("id", "status", "priority", "model", "client_id", "attempts", "created_at",
                  "error")
@@ -117,7 +118,7 @@ def _outside_named(models_dir: Path) -> Iterator[None]:
 @click.option("--api-key-env", default=None, metavar="VAR",
               help="The environment variable that holds the upstream's bearer key.")
 @click.option("--max-concurrency", default=DEFAULT_MAX_CONCURRENCY, show_default=True,
-              type=click.IntRange(1, MAX_CONCURRENCY_LIMIT),
+              type=DecimalRange(1, MAX_CONCURRENCY_LIMIT),
               help="Attempts in flight across all sweepers.")
 @click.option("--timeout-seconds", default=DEFAULT_TIMEOUT_SECONDS, show_default=True,
               type=float, help="Connect and read timeout of each upstream request.")
@@ -167,8 +168,8 @@ def tasks() -> None:
 
 @tasks.command("list")
 @click.option("--status", type=click.Choice([s.value for s in Status]), default=None)
-@click.option("--priority", type=click.IntRange(HIGHEST_PRIORITY, LOWEST_PRIORITY), default=None)
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--priority", type=DecimalRange(HIGHEST_PRIORITY, LOWEST_PRIORITY), default=None)
+@click.option("--limit", default=20, show_default=True, type=DecimalRange(1, 1000))
 @JSON_OPTION
 def tasks_list(status: str | None, priority: int | None, limit: int, as_json: bool) -> None:
     with store() as (_, db):
@@ -202,7 +203,7 @@ def dead_letters() -> None:
 
 
 @dead_letters.command("list")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--limit", default=20, show_default=True, type=DecimalRange(1, 1000))
 @JSON_OPTION
 def dead_letters_list(limit: int, as_json: bool) -> None:
     with store() as (_, db):

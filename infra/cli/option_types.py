@@ -4,7 +4,9 @@ runs: a bad value is then a usage error naming the option (`Error: Invalid value
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -29,6 +31,25 @@ class DomainChecked(click.ParamType):
             return self._read(value)
         except InvalidInput as exc:
             self.fail(f"{exc.code}: {exc.message}", param, ctx)
+
+
+# How the API reads an integer of a query (handlers/params.py): decimal digits, no
+# leading zero, sign or space.
+_DECIMAL = re.compile(r"-?(?:0|[1-9][0-9]*)")
+
+
+class DecimalRange(click.IntRange):
+    """An integer in the range, written as the API reads a query's integer: click's
+    `int()` took `05`, `+5`, ` 5`, `5_0` and non-ASCII digits, where the API refuses
+    them (`tasks list --priority 05` listed what `GET /v1/tasks?priority=05` refuses).
+    Every integer option of the CLI is one, so the CLI has one rule for them."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not _DECIMAL.fullmatch(value):
+            self.fail("must be an integer written in decimal digits, without leading zeros",
+                      param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def _cron_text(text: str) -> str:

@@ -31,7 +31,7 @@ from core.store.clients import list_clients
 from core.store.database import Database
 from core.store.schedules import delete_schedule
 from infra.cli.context import JSON_OPTION, emit, store
-from infra.cli.option_types import CRON_EXPRESSION
+from infra.cli.option_types import CRON_EXPRESSION, DecimalRange
 
 _COLUMNS = ("id", "cron", "catch_up", "next_run_at", "client_id")
 
@@ -50,7 +50,7 @@ def _schedule_id(_ctx: click.Context, _param: click.Parameter, value: str | None
 
 @schedules.command("list")
 @click.option("--client", "client_id", default=None, help="Only this client's schedules.")
-@click.option("--limit", default=MAX_PAGE, show_default=True, type=click.IntRange(1, MAX_PAGE))
+@click.option("--limit", default=MAX_PAGE, show_default=True, type=DecimalRange(1, MAX_PAGE))
 @click.option("--after", default=None, metavar="SCHEDULE_ID", callback=_schedule_id,
               help="The page after this schedule (the one named by the previous page).")
 @JSON_OPTION
@@ -71,7 +71,7 @@ def schedules_list(client_id: str | None, limit: int, after: str | None, as_json
               help="A POST /v1/responses body (without run_at).")
 @click.option("--request-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="The same body, read from a file.")
-@click.option("--catch-up", default=1, show_default=True, type=click.IntRange(1, MAX_CATCH_UP),
+@click.option("--catch-up", default=1, show_default=True, type=DecimalRange(1, MAX_CATCH_UP),
               help="Missed slots fired after downtime (the latest ones).")
 @click.option("--client", "client_id", default=None,
               help="The owning client's id (default: the first admin client).")

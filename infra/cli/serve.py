@@ -7,12 +7,13 @@ import click
 from core.settings import load_settings
 from infra.cli.context import database
 from infra.cli.listen_address import ensure_free, listen_options
+from infra.cli.option_types import DecimalRange
 from infra.server import serve as serve_api
 
 
 @click.command()
 @listen_options
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 256),
+@click.option("--workers", default=1, show_default=True, type=DecimalRange(1, 256),
               help="granian worker processes, each with its own app.")
 def serve(host: str, port: int, workers: int) -> None:
     """Serve the HTTP API. Settings, the schema and the address are checked before any
