@@ -148,4 +148,4 @@ class SweeperLoop:
     def _maintain(self) -> None:
         from scheduler.sweep import maintain  # not on the first claim's path
 
-        log.info("maintenance pass: %s", maintain(self._db, self._settings))
+        log.info("maintenance pass: %s", maintain(self._db, self._settings, self._stopping))

@@ -33,13 +33,13 @@ def sweep_once(db: Database, settings: Settings, *, stop: threading.Event,
     claiming and drains step 2's attempts, `hurry` cuts that drain short."""
     summary: dict[str, Any] = {"expired": _expire(db, settings)}
     summary.update(execute_due(db, settings, stop=stop, hurry=hurry))
-    summary.update(_after_execution(db, settings))
+    summary.update(_after_execution(db, settings, stop))
     return summary
 
 
-def maintain(db: Database, settings: Settings) -> dict[str, Any]:
-    """The pass without step 2, for the loop's timer."""
-    return {"expired": _expire(db, settings), **_after_execution(db, settings)}
+def maintain(db: Database, settings: Settings, stop: threading.Event) -> dict[str, Any]:
+    """The pass without step 2, for the loop's timer; `stop` cuts its retention short."""
+    return {"expired": _expire(db, settings), **_after_execution(db, settings, stop)}
 
 
 def _expire(db: Database, settings: Settings) -> dict[str, int]:
@@ -48,9 +48,10 @@ def _expire(db: Database, settings: Settings) -> dict[str, int]:
     return leases.expire(db)
 
 
-def _after_execution(db: Database, settings: Settings) -> dict[str, Any]:
+def _after_execution(db: Database, settings: Settings,
+                     stop: threading.Event) -> dict[str, Any]:
     return {
         "finalised": leases.finalise_cancels(db),
         "schedules_fired": fire_due(db, settings),
-        "retention": retention.clean(db, settings),
+        "retention": retention.clean(db, settings, stop),
     }

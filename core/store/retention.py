@@ -8,17 +8,31 @@ its events. A task's row and its response go in the transaction that removes its
 events, so no reader ever sees a task without the head of its log (its first events)
 or a log without its task; a task half removed has lost only its newest events. Rows
 are selected through indexes, so PostgreSQL never deletes millions of rows in one
-statement and SQLite's write lock is released between batches. The batch size adapts
-to how long a batch holds the lock: halved when a batch holds it longer than
-`TARGET_HOLD_S`, doubled (up to the configured size) when it is well under, so API
-writers never wait long behind cleanup however large the backlog or slow the disk.
-Only terminal tasks are selected, and a terminal task never changes again.
+statement and SQLite's write lock is released between batches. Only terminal tasks are
+selected, and a terminal task never changes again.
+
+A pass goes round the four kinds, a batch of each that has anything left per round,
+until nothing is left or its time budget (`budget_s`, a share of the sweeper's
+maintenance interval) is spent: a task backlog never holds up the expired keys, codes
+and sessions (nor they it), and a pass removes as much as its time allows, not a fixed
+number of batches, so retention keeps up with however many rows a fleet writes.
+
+The batch size is where the two stores differ (`_Pace`). PostgreSQL writers take row
+locks, and nobody writes a terminal task's rows: every batch has the configured size.
+SQLite has one write lock: the size adapts to how long a batch holds it (aiming at
+`TARGET_HOLD_S`), and the pass rests as long after each batch, so API writers wait for
+one short batch at most and have the lock at least half the time. The size a pass ends
+with is where the next pass of the process starts (a pass starting again at the full
+size held the lock for up to a second each pass); the first pass of a process starts
+at `START_BATCH` and grows.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,46 +57,103 @@ class Removed:
     idempotency_keys: int = 0
     pairing_codes: int = 0
     console_sessions: int = 0
-    batches: int = 0
+    batches: int = 0  # of tasks
     longest_batch_ms: float = 0.0
     finished: bool = field(default=True)
 
 
 TARGET_HOLD_S = 0.040
 MIN_BATCH = 50
+START_BATCH = 200
 # Rows a whole task costs besides its events: its own and its response's.
 TASK_ROWS = 2
+EXPIRING = {"idempotency_keys": idempotency_keys, "pairing_codes": pairing_codes,
+            "console_sessions": console_sessions}
+
+# One batch of a kind, given its size in rows: whether it found anything, and how long
+# it held the write lock.
+Batch = Callable[[int], tuple[bool, float]]
+
+
+class _Pace:
+    """The batch size of one database's passes in this process, and the rest after a
+    batch. SQLite: adapted to the lock hold, carried from pass to pass; PostgreSQL: the
+    configured size, no rest."""
+
+    def __init__(self, adapts: bool, batch_size: int) -> None:
+        self.adapts = adapts
+        self.size = min(batch_size, START_BATCH) if adapts else batch_size
+
+    def resize(self, held: float, batch_size: int) -> None:
+        """Size the next batch after one that found rows and held the lock `held`
+        seconds (SQLite only): towards `TARGET_HOLD_S`, by half to double at a step."""
+        if self.adapts:
+            aim = self.size * 2 if held <= 0 else int(self.size * TARGET_HOLD_S / held)
+            bounded = max(self.size // 2, min(self.size * 2, aim))
+            self.size = max(min(MIN_BATCH, batch_size), min(batch_size, bounded))
+
+    def rest(self, held: float) -> None:
+        """Leave the lock to the API's writers as long as the batch held it (SQLite)."""
+        if self.adapts:
+            time.sleep(held)
+
+
+_paces: weakref.WeakKeyDictionary[Database, _Pace] = weakref.WeakKeyDictionary()
+
+
+def _pace_of(db: Database, batch_size: int) -> _Pace:
+    pace = _paces.get(db)
+    if pace is None:
+        pace = _paces[db] = _Pace(db.is_sqlite, batch_size)
+    pace.size = min(pace.size, batch_size) if pace.adapts else batch_size
+    return pace
 
 
 def remove_expired(
-    db: Database, *, retention_ms: int, batch_size: int, max_batches: int = 1000
+    db: Database, *, retention_ms: int, batch_size: int, budget_s: float | None = None,
+    max_batches: int | None = None, stop: threading.Event | None = None,
 ) -> Removed:
-    """Delete what has outlived its retention, at most `max_batches` batches per call,
-    each of at most `batch_size` rows (three at the least: a task's last event goes
-    with its response and its row).
+    """Delete what has outlived its retention in batches of at most `batch_size` rows
+    (three at the least: a task's last event goes with its response and its row),
+    round after round until nothing is left, `budget_s` seconds have passed (checked
+    after each round, so every kind gets at least one batch a pass), or a kind has had
+    `max_batches` batches, or `stop` is set (checked after each batch).
 
-    `finished` is False when the bound stopped it early; the next pass continues.
+    `finished` is False when a bound stopped it early; the next pass continues.
     """
     removed = Removed()
+    pace = _pace_of(db, batch_size)
+    deadline = None if budget_s is None else time.monotonic() + budget_s
     cutoff = db.clock.now_ms() - retention_ms
-    size = batch_size
-    while removed.batches < max_batches:
-        removed.batches += 1
-        more, held = _task_batch(db, cutoff, size, removed)
-        removed.longest_batch_ms = max(removed.longest_batch_ms, round(held * 1000, 1))
-        if held > TARGET_HOLD_S:
-            size = max(min(MIN_BATCH, batch_size), size // 2)
-        elif held < TARGET_HOLD_S / 4:
-            size = min(batch_size, size * 2)
-        if not more:
-            break
-    else:
-        removed.finished = False
-        return removed
     now = db.clock.now_ms()
-    removed.idempotency_keys = _expired(db, idempotency_keys, now, batch_size, max_batches)
-    removed.pairing_codes = _expired(db, pairing_codes, now, batch_size, max_batches)
-    removed.console_sessions = _expired(db, console_sessions, now, batch_size, max_batches)
+
+    def task_batch(size: int) -> tuple[bool, float]:
+        removed.batches += 1
+        return _task_batch(db, cutoff, size, removed)
+
+    left: dict[str, Batch] = {"tasks": task_batch}
+    for name, table in EXPIRING.items():
+        left[name] = _expiring_batch(db, table, now, removed, name)
+    batches = dict.fromkeys(left, 0)
+    while left:
+        for name, batch in list(left.items()):
+            more, held = batch(pace.size)
+            removed.longest_batch_ms = max(removed.longest_batch_ms, round(held * 1000, 1))
+            batches[name] += 1
+            if not more:  # an empty batch says nothing of how long a full one takes
+                del left[name]
+            else:
+                pace.resize(held, batch_size)
+                if max_batches is not None and batches[name] >= max_batches:
+                    del left[name]
+                    removed.finished = False
+            pace.rest(held)
+            if stop is not None and stop.is_set():
+                break
+        if left and (deadline is not None and time.monotonic() >= deadline
+                     or stop is not None and stop.is_set()):
+            removed.finished = False
+            break
     return removed
 
 
@@ -155,18 +226,22 @@ def _remove_tasks(conn: Connection, task_ids: list[str], removed: Removed) -> No
         delete(tasks).where(tasks.c.id.in_(task_ids), IS_TERMINAL)).rowcount
 
 
-def _expired(db: Database, table: Table, now: int, batch_size: int, max_batches: int) -> int:
-    total = 0
-    for _ in range(max_batches):
+def _expiring_batch(db: Database, table: Table, now: int, removed: Removed,
+                    name: str) -> Batch:
+    """A batch of `table`'s rows expired by `now`, counted in `removed.<name>`."""
+    keys = list(table.primary_key.columns)
+
+    def batch(size: int) -> tuple[bool, float]:
         with db.write() as conn:
-            keys = list(table.primary_key.columns)
+            began = time.perf_counter()
             rows = list(conn.execute(
-                select(*keys).where(table.c.expires_at <= now).limit(batch_size)))
-            if not rows:
-                break
-            total += conn.execute(
-                delete(table).where(*_in_rows(keys, rows))).rowcount
-    return total
+                select(*keys).where(table.c.expires_at <= now).limit(size)))
+            if rows:
+                gone = conn.execute(delete(table).where(*_in_rows(keys, rows))).rowcount
+                setattr(removed, name, getattr(removed, name) + gone)
+        return bool(rows), time.perf_counter() - began
+
+    return batch
 
 
 def _in_rows(keys: list[Any], rows: list[Any]) -> list[Any]:

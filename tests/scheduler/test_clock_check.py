@@ -61,17 +61,17 @@ def test_each_pass_warns_of_a_clock_ahead_or_behind_and_says_what_it_does(
         node: Database, settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger=leases.log.name)
 
-    maintain(node, settings)  # synced: nothing to say
+    maintain(node, settings, threading.Event())  # synced: nothing to say
     offset(node, 0.5)
-    maintain(node, settings)  # within a second: still nothing
+    maintain(node, settings, threading.Event())  # within a second: still nothing
     assert caplog.records == []
 
     offset(node, 5)
-    maintain(node, settings)
+    maintain(node, settings, threading.Event())
     offset(node, 25)  # past the lease (30 s) less the heartbeat (10 s)
     sweep_once(node, settings, stop=threading.Event())
     offset(node, -3)
-    maintain(node, settings)
+    maintain(node, settings, threading.Event())
     ahead, far_ahead, behind = (record.getMessage() for record in caplog.records)
     assert ahead.startswith("this node's clock is 5.0 s ahead of the PostgreSQL server's: "
                             "it sees other nodes' leases run out 5.0 s early; sync")
