@@ -148,5 +148,7 @@ def test_a_firehose_tasks_snapshot_output_and_streamed_deltas_agree(run: Run) ->
     """What a resume would continue from (the snapshot) is exactly what was stored and
     what its clients were streamed, read while the firehose still ran."""
     assert run.snapshot_text is not None, "the firehose task was not running"
-    assert len(run.output_text) > 1 << 20
+    # Much stored by then (~5 MB in ~4 s on a quiet machine, 0.7 MB on one that was
+    # busy with three test processes and more): the agreement is over a long output.
+    assert len(run.output_text) > 1 << 18
     assert run.snapshot_text == run.output_text == run.streamed

@@ -31,6 +31,9 @@ from tests.upstream.llama import LlamaServer
 from tests.upstream.served import sweeper, upstream_env
 
 LEASE_SECONDS = 3
+# llama-server notices a closed connection only when it next sends a token, and frees
+# the slot then: a tenth of a second on a quiet machine, most of a second on a busy one.
+SERVER_NOTICES_SECONDS = 1
 
 
 @pytest.fixture
@@ -98,7 +101,7 @@ def test_the_upstream_stream_is_closed_within_one_lease(
             stopped_at = time.monotonic()
             wait_until(lambda: llama.busy_slots() == 0, timeout=3 * LEASE_SECONDS,
                        what="the server's slot to go idle")
-            assert time.monotonic() - stopped_at <= LEASE_SECONDS
+            assert time.monotonic() - stopped_at <= LEASE_SECONDS + SERVER_NOTICES_SECONDS
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait(timeout=10)
