@@ -52,6 +52,6 @@ def _after_execution(db: Database, settings: Settings,
                      stop: threading.Event) -> dict[str, Any]:
     return {
         "finalised": leases.finalise_cancels(db),
-        "schedules_fired": fire_due(db, settings),
+        "schedules_fired": fire_due(db, settings, stop),
         "retention": retention.clean(db, settings, stop),
     }
