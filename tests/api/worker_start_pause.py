@@ -5,13 +5,15 @@ the process while the worker is known to be there.
 `PAUSE_WORKER_START` names the point and the directory: `factory:DIR` (the app is being
 built, before granian sets the worker's handlers) or `startup:DIR` (the app's startup
 hooks run, granian's handlers set). Arriving there the worker creates `DIR/paused`, then
-waits for `DIR/go` (at most `MAX_PAUSE_SECONDS`). The main process imports this module
-before it forks its worker; the patch is made in the child alone, at the fork.
+waits for `DIR/go` and for the stop signal to be held for it (at most
+`MAX_PAUSE_SECONDS` in all). The main process imports this module before it forks its
+worker; the patch is made in the child alone, at the fork.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +24,15 @@ MAX_PAUSE_SECONDS = 60
 
 
 def _pause(where: Path) -> None:
+    """Wait for `go`, then for the stop signal to have reached this worker: one sent to
+    the main process alone reaches it only once that process passes it on, which may
+    be after `go` (the worker then started before it came, and drains as documented)."""
     (where / "paused").touch()
     deadline = time.monotonic() + MAX_PAUSE_SECONDS
     while not (where / "go").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    while not signal.sigpending() & {signal.SIGTERM, signal.SIGINT} and (
+            time.monotonic() < deadline):
         time.sleep(0.01)
 
 
