@@ -57,7 +57,9 @@ def test_a_stop_while_the_worker_starts_ends_run_at_once_and_claims_nothing(
         log = children.log_of(0)
     finally:
         children.kill_all()
-    assert code == 0, log
+    # Signalled as a group, the worker may end before granian's main process has
+    # handled its own signal; granian then calls it an unexpected exit, exit 1.
+    assert code == 0 or (target == "group" and "Unexpected exit from worker-1" in log), log
     assert "refused to gracefully stop" not in log
     row = task_row(db, task_id)
     assert (row.status, row.attempts) == (Status.QUEUED, 0), log

@@ -150,7 +150,7 @@ def logged_once(log: Path, line: str) -> str:
 def test_a_creation_still_queued_at_the_bound_is_never_written(
     cluster: PgCluster, store: Database, service: Service
 ) -> None:
-    """Sent 50 ms apart while the store is stalled, the first `PARALLEL_BATCHES`
+    """Sent 200 ms apart while the store is stalled, the first `PARALLEL_BATCHES`
     creations each take a batch of their own, whose commit hangs (and may land once the
     store is back: they were on their way); the rest wait in the queue, and leave it
     with their 503: they are never written."""
@@ -165,7 +165,10 @@ def test_a_creation_still_queued_at_the_bound_is_never_written(
             post = threading.Thread(target=lambda: answers.append(create(service, token)))
             post.start()
             posts.append(post)
-            time.sleep(0.05)
+            # Far enough apart that each finds its batch already sent, even on a loaded
+            # machine: two arriving before a drain loop took its batch share one (at
+            # 50 ms apart, under four test processes, one landed beyond the bound).
+            time.sleep(0.2)
         for post in posts:
             post.join(30)
 
