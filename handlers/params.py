@@ -18,7 +18,6 @@ JSON writes one, where `05` is none, and answered "Expected `int`, got `str`".
 
 from __future__ import annotations
 
-import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from litestar.params import Parameter, ParameterKwarg
 from litestar.typing import FieldDefinition
 
 from core.clients import is_pairing_code_id
+from core.decimal_text import NOT_DECIMAL, is_decimal_integer
 from core.errors import NotFound
 from core.ids import could_be_id
 from core.models_registry import could_be_model_id
@@ -89,9 +89,6 @@ def unknown_ids_are_not_found(request: Request[Any, Any, Any]) -> None:
             raise id_not_found(name)
 
 
-_DIGITS = re.compile(r"-?(?:0|[1-9][0-9]*)")
-
-
 @dataclass(frozen=True)
 class _IntegerParameter:
     field: str  # the handler's name for it, which a validation error names
@@ -112,11 +109,11 @@ def integers_are_digits(request: Request[Any, Any, Any]) -> None:
             continue  # the router converted it, from digits only
         sent = (request.headers.getall(parameter.sent_as, ()) if parameter.in_header
                 else request.query_params.getall(parameter.sent_as, ()))
-        if not all(_DIGITS.fullmatch(value) for value in sent):
+        if not all(is_decimal_integer(value) for value in sent):
             source = "header" if parameter.in_header else "query"
             raise ValidationException(extra=[{
                 "key": parameter.field, "source": source,
-                "message": "must be an integer written in decimal digits, without leading zeros"}])
+                "message": NOT_DECIMAL}])
 
 
 def _integer_parameters(handler: BaseRouteHandler) -> tuple[_IntegerParameter, ...]:

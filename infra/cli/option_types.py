@@ -4,13 +4,13 @@ runs: a bad value is then a usage error naming the option (`Error: Invalid value
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from core.cron import parse_cron
+from core.decimal_text import NOT_DECIMAL, is_decimal_integer
 from core.errors import InvalidInput
 
 
@@ -33,11 +33,6 @@ class DomainChecked(click.ParamType):
             self.fail(f"{exc.code}: {exc.message}", param, ctx)
 
 
-# How the API reads an integer of a query (handlers/params.py): decimal digits, no
-# leading zero, sign or space.
-_DECIMAL = re.compile(r"-?(?:0|[1-9][0-9]*)")
-
-
 class DecimalRange(click.IntRange):
     """An integer in the range, written as the API reads a query's integer: click's
     `int()` took `05`, `+5`, ` 5`, `5_0` and non-ASCII digits, where the API refuses
@@ -46,9 +41,8 @@ class DecimalRange(click.IntRange):
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and not _DECIMAL.fullmatch(value):
-            self.fail("must be an integer written in decimal digits, without leading zeros",
-                      param, ctx)
+        if isinstance(value, str) and not is_decimal_integer(value):
+            self.fail(NOT_DECIMAL, param, ctx)
         return super().convert(value, param, ctx)
 
 
