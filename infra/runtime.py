@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from litestar import Litestar
-from sqlalchemy.exc import DBAPIError
 
 from core.engines.registry import import_engine_modules
 from core.errors import DomainError
@@ -34,8 +33,9 @@ from core.store.clients import first_start_admin_code
 from core.store.connect import open_database
 from core.store.database import Database
 from core.store.models import list_models
-from core.store.outage import drop_said, is_connection_dropped
+from core.store.outage import drop_said
 from core.store.recovery import SweepersAlive, recover
+from core.store.redo_dropped import redone_if_dropped
 from infra.app import serving_app
 from infra.migrate import upgrade
 from infra.server import serve
@@ -82,13 +82,8 @@ def _again_after_a_drop(step: str, call: Callable[[], T]) -> T:
     the migration reads its revision first, recovery finds nothing left to put in a
     state, the default model is registered only into an empty registry, and a second
     admin pairing code beside an unused first one takes nothing over."""
-    try:
-        return call()
-    except DBAPIError as exc:
-        if not is_connection_dropped(exc):
-            raise
-        log.warning("%s", drop_said(step, "making it again", exc))
-        return call()
+    return redone_if_dropped(
+        call, lambda drop: log.warning("%s", drop_said(step, "making it again", drop)))
 
 
 def _recovered(db: Database, settings: Settings) -> dict[str, int] | None:

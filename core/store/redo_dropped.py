@@ -120,9 +120,20 @@ def redone_if_dropped_before_commit(
     may have landed with only its acknowledgement lost, and nothing here can read
     whether it did. So are a second drop and any other error."""
     begun = commits_begun()
+    return _once_more_if_dropped(call, heard, lambda: commits_begun() == begun)
 
+
+def redone_if_dropped(call: Callable[[], T], heard: Callable[[DBAPIError], None]) -> T:
+    """`redone_if_dropped_before_commit` for a call that is safe to make again even
+    where a commit of its first landed with only its acknowledgement lost (each of
+    `taskward run`'s start-up steps): made once more after a drop wherever it came."""
+    return _once_more_if_dropped(call, heard, lambda: True)
+
+
+def _once_more_if_dropped(call: Callable[[], T], heard: Callable[[DBAPIError], None],
+                          may_redo: Callable[[], bool]) -> T:
     def redone(exc: DBAPIError) -> bool:
-        if not is_connection_dropped(exc) or commits_begun() != begun:
+        if not is_connection_dropped(exc) or not may_redo():
             return False
         heard(exc)
         return True
